@@ -1,0 +1,5 @@
+"""The PsyEvo Counselor web application (Django + Channels + Celery)."""
+
+from webapp.celery import app as celery_app
+
+__all__ = ["celery_app"]

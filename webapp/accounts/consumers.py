@@ -1,0 +1,52 @@
+"""Per-user notification socket: crisis alerts and live updates reach open pages here.
+
+Authorization happens in ``connect`` and again before every event is forwarded, so a
+user who is disabled while a page is open stops receiving data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+
+def user_group(user_id: int) -> str:
+    return f"user.{user_id}"
+
+
+class NotificationConsumer(AsyncJsonWebsocketConsumer):
+    groups: list[str] = []
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not user.is_active:
+            await self.close(code=4401)
+            return
+        self.user_id = user.pk
+        self.group = user_group(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        await self.send_json(
+            {"type": "error", "code": "read_only", "detail": "this socket only sends"}
+        )
+
+    async def notify(self, event: dict[str, Any]) -> None:
+        """Group message ``{"type": "notify", "payload": {...}}`` from any server process."""
+        if not await self._still_allowed():
+            await self.close(code=4403)
+            return
+        await self.send_json({"type": "notify", "payload": event.get("payload", {})})
+
+    @database_sync_to_async
+    def _still_allowed(self) -> bool:
+        from webapp.accounts.models import User
+
+        return User.objects.filter(pk=self.user_id, is_active=True).exists()

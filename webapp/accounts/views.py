@@ -1,0 +1,92 @@
+"""Login, logout, the role-based home pages and the client's consent page."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import logout
+from django.contrib.auth.views import LoginView
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from webapp.accounts.access import role_required
+from webapp.accounts.forms import ConsentForm, LoginForm
+from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
+
+ROLE_HOME = {Role.CLIENT: "client_home", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
+
+
+class PsyEvoLoginView(LoginView):
+    form_class = LoginForm
+    redirect_authenticated_user = True
+
+
+@require_POST
+def logout_view(request: HttpRequest) -> HttpResponse:
+    logout(request)
+    messages.info(request, "You are logged out.")
+    return redirect("login")
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:
+        return redirect("login")
+    return redirect(ROLE_HOME[Role(request.user.role)])
+
+
+def _profile(user: User) -> ClientProfile | None:
+    return ClientProfile.objects.filter(user=user).select_related("clinician").first()
+
+
+@role_required(Role.CLIENT)
+def client_home(request: HttpRequest) -> HttpResponse:
+    profile = _profile(request.user)
+    return render(request, "accounts/client_home.html", {"profile": profile})
+
+
+@role_required(Role.CLIENT)
+@require_http_methods(["GET", "POST"])
+def consent(request: HttpRequest) -> HttpResponse:
+    profile = _profile(request.user)
+    if profile is None:
+        messages.error(request, "Your account has no client profile yet; ask your clinic.")
+        return redirect("client_home")
+    state = profile.consent_state()
+    if request.method == "POST":
+        form = ConsentForm(request.POST)
+        if form.is_valid():
+            with transaction.atomic():
+                for purpose in ConsentPurpose:
+                    wanted = form.cleaned_data[purpose.value]
+                    current = state[purpose.value]
+                    if current is None or current.granted != wanted:
+                        ConsentRecord.objects.create(
+                            profile=profile,
+                            purpose=purpose,
+                            granted=wanted,
+                            recorded_by=request.user,
+                        )
+            messages.success(request, "Your choices are saved.")
+            return redirect("consent")
+    else:
+        form = ConsentForm(
+            initial={purpose: bool(record and record.granted) for purpose, record in state.items()}
+        )
+    return render(request, "accounts/consent.html", {"form": form, "state": state})
+
+
+@role_required(Role.CLINICIAN)
+def clinician_home(request: HttpRequest) -> HttpResponse:
+    clients = (
+        ClientProfile.objects.filter(clinician=request.user)
+        .select_related("user")
+        .order_by("user__username")
+    )
+    return render(request, "accounts/clinician_home.html", {"clients": clients})
+
+
+@role_required(Role.ADMIN)
+def admin_home(request: HttpRequest) -> HttpResponse:
+    counts = {role.label: User.objects.filter(role=role, is_active=True).count() for role in Role}
+    return render(request, "accounts/admin_home.html", {"counts": counts})

@@ -1,0 +1,11 @@
+"""Websocket routes of every app, gathered in one list for the ASGI router."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from webapp.accounts.consumers import NotificationConsumer
+
+websocket_urlpatterns = [
+    path("ws/notifications/", NotificationConsumer.as_asgi()),
+]

@@ -1,0 +1,60 @@
+"""Production settings: the deploy check is clean and missing variables stop start-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "ALLOWED_HOSTS", "DEBUG")
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_it_passes_the_deploy_check_in_production() -> None:
+    result = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DEBUG="false",
+        SECRET_KEY="k" * 20 + "-Zq8!vL2#pW9$rT5^yU1&iO7*aS3(dF6)gH0",
+        ALLOWED_HOSTS="clinic.example.org",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_it_stops_with_one_line_naming_a_missing_variable() -> None:
+    result = manage("check", DEBUG="false", ALLOWED_HOSTS="clinic.example.org")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "ImproperlyConfigured: environment variable SECRET_KEY is required when DEBUG=false"
+    ]
+    result = manage("check", DEBUG="false", SECRET_KEY="x" * 60)
+    assert result.returncode != 0
+    assert "ALLOWED_HOSTS" in result.stderr.strip().splitlines()[-1]
+
+
+def test_it_fails_loudly_on_a_malformed_value() -> None:
+    for env, name in (
+        (dict(DEBUG="maybe"), "DEBUG"),
+        (dict(DATABASE_URL="mysql://x/y"), "DATABASE_URL"),
+        (dict(AXES_FAILURE_LIMIT="many"), "AXES_FAILURE_LIMIT"),
+    ):
+        result = manage("check", **env)
+        assert result.returncode != 0
+        assert name in result.stderr.strip().splitlines()[-1]

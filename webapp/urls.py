@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from webapp import health
+
+admin.site.site_header = "PsyEvo Counselor administration"
+admin.site.site_title = "PsyEvo admin"
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("", include("webapp.accounts.urls")),
+]

@@ -52,6 +52,10 @@ INSTALLED_APPS = [
     "django_htmx",
     "axes",
     "webapp.accounts",
+    "webapp.counseling",
+    "webapp.memory",
+    "webapp.learning",
+    "webapp.oversight",
 ]
 
 MIDDLEWARE = [

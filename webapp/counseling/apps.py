@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class CounselingConfig(AppConfig):
+    name = "webapp.counseling"
+    label = "counseling"

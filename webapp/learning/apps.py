@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LearningConfig(AppConfig):
+    name = "webapp.learning"
+    label = "learning"

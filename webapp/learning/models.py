@@ -1,0 +1,249 @@
+"""Learning state: skill decisions, posteriors, the evidence buffer, adapter versions."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from webapp.accounts.models import Modality
+
+
+class AdapterVersion(models.Model):
+    """One trained LoRA adapter. Only a clinician's approval makes it servable.
+
+    training -> validating -> pending_approval -> approved -> active -> retired,
+    or failed / rejected. At most one version is active (database constraint).
+    """
+
+    class Status(models.TextChoices):
+        TRAINING = "training"
+        VALIDATING = "validating"
+        PENDING_APPROVAL = "pending_approval"
+        APPROVED = "approved"
+        ACTIVE = "active"
+        RETIRED = "retired"
+        FAILED = "failed"
+        REJECTED = "rejected"
+
+    name = models.CharField(max_length=64, unique=True)
+    parent = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="children"
+    )
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.TRAINING)
+    path = models.CharField(max_length=500, blank=True, default="")
+    sha256 = models.CharField(max_length=64, blank=True, default="")
+    validation_report = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_sha256 = models.CharField(max_length=64, blank=True, default="")
+    decision_note = models.TextField(blank=True, default="")
+    activated_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["status"], condition=Q(status="active"), name="one_active_adapter"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=["approved", "active", "retired"])
+                | (
+                    Q(approved_by__isnull=False)
+                    & Q(approved_at__isnull=False)
+                    & ~Q(approved_sha256="")
+                ),
+                name="servable_adapter_is_approved",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+
+class TrainingRun(models.Model):
+    """One LiPO round: its evidence, its losses, and the version it produced."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        SKIPPED = "skipped"  # no admissible batch yet
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    parent_version = models.ForeignKey(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    output_version = models.OneToOneField(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="training_run"
+    )
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    trigger = models.CharField(max_length=32, default="schedule")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    config = models.JSONField(default=dict)
+    loss_curve = models.JSONField(default=list)
+    edge_count = models.PositiveIntegerField(default=0)
+    group_count = models.PositiveIntegerField(default=0)
+    modality_shares = models.JSONField(default=dict)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["-created_at"])]
+
+    def __str__(self) -> str:
+        return f"training run {self.pk} ({self.status})"
+
+
+class LearningScope(models.Model):
+    """The one shared scheduler (paper App. C): completed sessions since the last round."""
+
+    name = models.CharField(max_length=32, unique=True, default="default")
+    completed_sessions = models.PositiveIntegerField(default=0)
+    sessions_per_round = models.PositiveIntegerField(default=5)
+
+    def __str__(self) -> str:
+        return f"scope {self.name}: {self.completed_sessions}/{self.sessions_per_round}"
+
+
+class SkillDecision(models.Model):
+    """The HBSP decision behind one counselor turn, with every valid skill's record."""
+
+    turn = models.OneToOneField(
+        "counseling.Turn", on_delete=models.CASCADE, related_name="decision"
+    )
+    state_slot = models.CharField(max_length=48)
+    chosen = models.CharField(max_length=8)
+    pinned = models.BooleanField(default=False)
+    records = models.JSONField()  # skill -> {probability, mean, sd, draw, shared_value}
+
+    def __str__(self) -> str:
+        return f"{self.chosen} at {self.state_slot}"
+
+
+class CandidateGroup(models.Model):
+    """One turn's N candidates, judgments and SOCA graph: an evidence-buffer item.
+
+    It belongs to exactly one client and keeps the generating version; edges never span
+    clients. ``buffer_status`` moves available -> reserved (leased to a run) -> consumed,
+    or back to available when a round fails.
+    """
+
+    class Buffer(models.TextChoices):
+        AVAILABLE = "available"
+        RESERVED = "reserved"
+        CONSUMED = "consumed"
+        EXCLUDED = "excluded"  # not admissible, or no training consent
+
+    turn = models.OneToOneField("counseling.Turn", on_delete=models.CASCADE, related_name="group")
+    session = models.ForeignKey(
+        "counseling.Session", on_delete=models.CASCADE, related_name="groups"
+    )
+    client = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    modality = models.CharField(max_length=8, choices=Modality.choices)
+    adapter_version = models.ForeignKey(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    group_key = models.CharField(max_length=64, unique=True)
+    mode = models.CharField(max_length=16)
+    state_slot = models.CharField(max_length=48)
+    skill = models.CharField(max_length=8)
+    prompt = models.JSONField()
+    candidates = models.JSONField()
+    judgments = models.JSONField()
+    support = models.JSONField()
+    edges = models.JSONField()
+    pointwise = models.JSONField()
+    depths = models.JSONField()
+    delivered = models.PositiveSmallIntegerField()
+    admissible = models.BooleanField()
+    problem = models.CharField(max_length=200, blank=True, default="")
+    beta = models.FloatField(default=0.1)
+    edge_count = models.PositiveSmallIntegerField(default=0)
+    buffer_status = models.CharField(
+        max_length=16, choices=Buffer.choices, default=Buffer.AVAILABLE
+    )
+    lease_run = models.ForeignKey(
+        TrainingRun, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["buffer_status", "modality", "created_at"]),
+            models.Index(fields=["client", "created_at"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(buffer_status="reserved") | Q(lease_run__isnull=False),
+                name="reserved_group_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=~Q(buffer_status="available") | Q(admissible=True),
+                name="only_admissible_groups_available",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"group {self.group_key[:8]} ({self.buffer_status})"
+
+
+class PosteriorCell(models.Model):
+    """A client's private residual posterior for one (state slot, skill) cell."""
+
+    client = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    modality = models.CharField(max_length=8, choices=Modality.choices)
+    state_slot = models.CharField(max_length=48)
+    skill = models.CharField(max_length=8)
+    mean = models.FloatField()
+    precision = models.FloatField()
+    n = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["client", "state_slot", "skill"], name="unique_posterior_cell"
+            ),
+            models.CheckConstraint(
+                condition=Q(precision__gt=0), name="posterior_precision_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.client_id} {self.state_slot} {self.skill}"
+
+
+class PosteriorUpdate(models.Model):
+    """Audit row of one Eq. 4 update at a session end."""
+
+    cell = models.ForeignKey(PosteriorCell, on_delete=models.CASCADE, related_name="updates")
+    session = models.ForeignKey(
+        "counseling.Session", on_delete=models.CASCADE, related_name="posterior_updates"
+    )
+    turn = models.ForeignKey(
+        "counseling.Turn", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    mean_before = models.FloatField()
+    precision_before = models.FloatField()
+    mean_after = models.FloatField()
+    precision_after = models.FloatField()
+    residual = models.FloatField()
+    credit = models.FloatField()  # the trajectory return G_t
+    shared_value = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["cell", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"update of cell {self.cell_id} in session {self.session_id}"

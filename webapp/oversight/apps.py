@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OversightConfig(AppConfig):
+    name = "webapp.oversight"
+    label = "oversight"

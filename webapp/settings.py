@@ -252,6 +252,23 @@ PSYEVO_MODEL_PATH = env_str("PSYEVO_MODEL_PATH", "")
 PSYEVO_VLLM_URL = env_str("PSYEVO_VLLM_URL", "")
 PSYEVO_SAFETY_LOCALE = env_str("PSYEVO_SAFETY_LOCALE", "en-US")
 HEALTHZ_TIMEOUT_SECONDS = env_float("HEALTHZ_TIMEOUT_SECONDS", 1.5, minimum=0.1)
+ADAPTER_DIR = Path(env_str("PSYEVO_ADAPTER_DIR", str(DATA_DIR / "adapters")) or DATA_DIR / "adapters")
+
+# --- LiPO training rounds (read by webapp.learning and training_worker) -------------------
+LIPO = {
+    "sessions_per_round": env_int("LIPO_SESSIONS_PER_ROUND", 5, minimum=1),
+    "batch_edges": env_int("LIPO_BATCH_EDGES", 320, minimum=1),
+    "min_groups": env_int("LIPO_MIN_GROUPS", 32, minimum=1),
+    "modalities": env_list("LIPO_MODALITIES", ["cbt", "bt", "het", "pdt", "pmt"]),
+    "min_share": env_float("LIPO_MIN_SHARE", 0.2, minimum=0.0),
+    "lora_rank": env_int("LIPO_LORA_RANK", 8, minimum=1),
+    "learning_rate": env_float("LIPO_LEARNING_RATE", 1e-5, minimum=0.0),
+    "steps": env_int("LIPO_STEPS", 3, minimum=1),
+    "beta": env_float("LIPO_BETA", 0.1, minimum=0.0),
+    "max_length": env_int("LIPO_MAX_LENGTH", 512, minimum=16),
+    "lease_minutes": env_int("LIPO_LEASE_MINUTES", 120, minimum=1),
+    "max_attempts": env_int("LIPO_MAX_ATTEMPTS", 3, minimum=1),
+}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,641 @@
+"""One counseling session: state -> skill -> N candidates -> judge -> graph -> deliver.
+
+This is Algorithm 1 of the PsyEvo paper for one client and one session, with no Django:
+the caller (the web consumer, the CLI, the simulation lab) hands in a :class:`ClientState`
+and gets plain dataclasses back. Parameters never change inside a session: the adapter
+version is pinned by :meth:`Counselor.start_session`; posterior updates and the memory
+recap happen in :meth:`Counselor.end_session`.
+
+A turn (:meth:`Counselor.respond`):
+1. Validate the message (empty, whitespace-only, oversized or non-text: an ``error``
+   event, nothing recorded).
+2. ``safety.assess`` runs before anything else. Crisis: the fixed safe response is
+   streamed and no model is called. Concern: the model replies with safety guidance.
+3. Encode the state (54 slots) and sample the skill from the client's posterior (Eq. 2-3),
+   honouring clinician pins and exclusions.
+4. Generate N candidates in ONE batched backend call under the pinned adapter.
+5. ``graph`` mode: judge (two-order pairwise, Eq. 12; pointwise), build the acyclic SOCA
+   graph (Eq. 7), deliver the deepest candidate and stream it. ``stream_first`` mode:
+   stream candidate 0 as it is written, judge all N afterwards and record that 0 was
+   delivered.
+6. Yield ``done`` with the full :class:`CandidateGroupRecord` for the evidence buffer.
+
+Backend failures and timeouts become an ``error`` event with ``retryable=True``; the turn
+is then not recorded, so calling :meth:`respond` again with the same message is a clean
+retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from counselor_engine import safety, soca
+from counselor_engine.backends.base import (
+    Backend,
+    BackendError,
+    ChatMessage,
+    GenerationParams,
+    StreamDelta,
+    StreamDone,
+)
+from counselor_engine.hbsp import Decision, PosteriorUpdate, SkillPosterior
+from counselor_engine.judge import GroupJudgment, Judge, JudgeContext
+from counselor_engine.memory import MemoryItem, MemoryStore, generate_recap, render_for_prompt
+from counselor_engine.skills import MODALITIES, PriorTable, get_skill, skills_for
+from counselor_engine.states import encode_state
+
+Mode = Literal["graph", "stream_first"]
+MODALITY_NAMES = {
+    "cbt": "cognitive behavioural therapy",
+    "bt": "behavioural therapy",
+    "het": "humanistic-existential therapy",
+    "pdt": "psychodynamic therapy",
+    "pmt": "postmodern (solution-focused and narrative) therapy",
+}
+RATING_ITEMS = ("relationship", "goals_and_topics", "approach", "overall")
+
+
+@dataclass(frozen=True)
+class CounselorConfig:
+    """Every knob of a session in one place (paper defaults where the paper gives one)."""
+
+    n_candidates: int = 5
+    mode: Mode = "graph"
+    generation: GenerationParams = field(
+        default_factory=lambda: GenerationParams(max_new_tokens=160, temperature=0.9, top_p=0.95)
+    )
+    turn_budget: int = 12
+    tau: float = 1.0
+    epsilon: float = 0.05
+    edge_floor: float = 0.1
+    gamma: float = 0.9
+    ordinal_scale: float = 0.5
+    beta: float = 0.1  # LiPO's beta, recorded with each group for the trainer
+    max_message_chars: int = 4000
+    history_turns: int = 8
+    memory_k: int = 5
+    backend_timeout_s: float = 120.0
+    rating_weight: float = 0.5
+    safety_locale: str = "en-US"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_candidates < 1:
+            raise ValueError("n_candidates: must be at least 1")
+        if self.mode not in ("graph", "stream_first"):
+            raise ValueError(f"mode: expected 'graph' or 'stream_first', got {self.mode!r}")
+        if self.turn_budget < 1:
+            raise ValueError("turn_budget: must be at least 1")
+        if not 0.0 <= self.rating_weight <= 1.0:
+            raise ValueError("rating_weight: must lie in [0, 1]")
+        if self.max_message_chars < 1 or self.backend_timeout_s <= 0:
+            raise ValueError("max_message_chars and backend_timeout_s must be positive")
+
+
+@dataclass
+class ClientState:
+    """What the engine needs to know about a client when a session starts."""
+
+    client_id: str
+    modality: str
+    session_index: int  # zero-based index of this session in the course
+    planned_sessions: int
+    posterior: SkillPosterior = field(default_factory=SkillPosterior)
+    memory: MemoryStore = field(default_factory=MemoryStore)
+    session_rewards: list[float] = field(default_factory=list)  # earlier raw session rewards
+    pinned_skill: str | None = None
+    excluded_skills: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.modality not in MODALITIES:
+            raise ValueError(f"modality: unknown modality {self.modality!r}")
+        if self.session_index < 0 or self.planned_sessions < 1:
+            raise ValueError("session_index must be >= 0 and planned_sessions >= 1")
+        valid = {s.id for s in skills_for(self.modality)}
+        unknown = (set(self.excluded_skills) | {self.pinned_skill or next(iter(valid))}) - valid
+        if unknown:
+            raise ValueError(f"skills: not skills of {self.modality}: {sorted(unknown)}")
+        if self.pinned_skill in self.excluded_skills:
+            raise ValueError("pinned_skill: a skill cannot be pinned and excluded at once")
+        if not valid - set(self.excluded_skills):
+            raise ValueError("excluded_skills: every skill is excluded")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the CLI and the simulation lab store clients this way)."""
+        return {
+            "format": 1,
+            "client_id": self.client_id,
+            "modality": self.modality,
+            "session_index": self.session_index,
+            "planned_sessions": self.planned_sessions,
+            "posterior": self.posterior.to_dict(),
+            "memory": self.memory.to_dict(),
+            "session_rewards": list(self.session_rewards),
+            "pinned_skill": self.pinned_skill,
+            "excluded_skills": sorted(self.excluded_skills),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClientState:
+        if data.get("format") != 1:
+            raise ValueError("data: unknown client state format")
+        return cls(
+            client_id=str(data["client_id"]),
+            modality=str(data["modality"]),
+            session_index=int(data["session_index"]),
+            planned_sessions=int(data["planned_sessions"]),
+            posterior=SkillPosterior.from_dict(data["posterior"]),
+            memory=MemoryStore.from_dict(data["memory"]),
+            session_rewards=[float(r) for r in data.get("session_rewards", [])],
+            pinned_skill=data.get("pinned_skill"),
+            excluded_skills=frozenset(data.get("excluded_skills", [])),
+        )
+
+
+# --- Events --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SkillEvent:
+    decision: Decision
+    state_slot: str
+    safety_level: str
+    type: str = "skill"
+
+
+@dataclass(frozen=True)
+class SafetyEvent:
+    assessment: safety.SafetyAssessment
+    type: str = "safety"
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str
+    type: str = "token"
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    code: str  # empty_message | too_long | not_text | backend_error | backend_timeout | no_session
+    message: str
+    retryable: bool = False
+    type: str = "error"
+
+
+@dataclass
+class CandidateGroupRecord:
+    """Everything the evidence buffer keeps for one turn (paper App. C)."""
+
+    group_id: str
+    client_id: str
+    modality: str
+    adapter_version: str | None
+    session_index: int
+    turn_index: int
+    state_slot: str
+    skill: str
+    mode: Mode
+    prompt: list[dict[str, str]]
+    candidates: list[str]
+    judgments: list[dict[str, Any]]
+    support: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    pointwise: list[float]
+    depths: list[int]
+    delivered: int
+    admissible: bool
+    problem: str = ""
+    beta: float = 0.1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    reply: str
+    turn_index: int
+    group: CandidateGroupRecord | None  # None for a safety reply (no candidates)
+    decision: Decision | None
+    safety_level: str
+    type: str = "done"
+
+
+Event = SkillEvent | SafetyEvent | TokenEvent | ErrorEvent | DoneEvent
+
+
+@dataclass
+class TurnRecord:
+    """One exchange of the session as the engine keeps it."""
+
+    index: int
+    client_text: str
+    reply: str
+    state_slot: str | None
+    skill: str | None
+    shared_value: float | None
+    safety_level: str
+    group: CandidateGroupRecord | None
+
+
+@dataclass
+class SessionRating:
+    """SRS-style rating: four items on 0-10 (relationship, goals and topics, approach,
+    overall)."""
+
+    relationship: float
+    goals_and_topics: float
+    approach: float
+    overall: float
+
+    def __post_init__(self) -> None:
+        for name in RATING_ITEMS:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0.0 <= float(value) <= 10.0:
+                raise ValueError(f"{name}: rating items lie in [0, 10], got {value!r}")
+
+    def normalised(self) -> float:
+        return sum(float(getattr(self, n)) for n in RATING_ITEMS) / (10.0 * len(RATING_ITEMS))
+
+
+@dataclass
+class SessionOutcome:
+    turn_outcomes: list[float]
+    internal_reward: float
+    rating: SessionRating | None
+    session_reward: float
+    projected_session_reward: float
+    credit: list[float]
+    posterior_updates: list[PosteriorUpdate]
+    recap: list[MemoryItem]
+
+
+@cache
+def _system_template() -> str:
+    return (Path(__file__).with_name("prompts") / "counselor_system.txt").read_text().strip()
+
+
+def _chunks(text: str) -> list[str]:
+    """Split a finished reply into word-sized pieces for streaming."""
+    pieces: list[str] = []
+    word = ""
+    for char in text:
+        word += char
+        if char.isspace():
+            pieces.append(word)
+            word = ""
+    if word:
+        pieces.append(word)
+    return pieces
+
+
+class Counselor:
+    """Runs one session at a time for one client (create one per live session)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        prior: PriorTable | None = None,
+        judge: Judge | None = None,
+        config: CounselorConfig | None = None,
+    ) -> None:
+        self.backend = backend
+        self.prior = prior or PriorTable.load_default()
+        self.judge = judge or Judge(backend)
+        self.config = config or CounselorConfig()
+        self.client: ClientState | None = None
+        self.adapter_version: str | None = None
+        self.turns: list[TurnRecord] = []
+        self._rng = np.random.default_rng(self.config.seed)
+        self._ended = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start_session(self, client: ClientState, adapter_version: str | None) -> None:
+        """Pin the adapter version for the whole session (paper Alg. 1 line 4)."""
+        if self.client is not None and not self._ended:
+            raise RuntimeError("a session is already running on this counselor")
+        self.client = client
+        self.adapter_version = adapter_version
+        self.turns = []
+        self._ended = False
+
+    def restore_turns(self, turns: Sequence[TurnRecord]) -> None:
+        """Rebuild a live session from storage (a socket reconnecting to another server)."""
+        self.turns = list(turns)
+
+    # -- one turn --------------------------------------------------------------------------
+    async def respond(self, message: object) -> AsyncIterator[Event]:
+        client = self.client
+        if client is None or self._ended:
+            yield ErrorEvent("no_session", "no session is running")
+            return
+        problem = self._check_message(message)
+        if problem is not None:
+            yield problem
+            return
+        assert isinstance(message, str)
+        text = message.strip()
+        turn_index = len(self.turns)
+        assessment = safety.assess(text)
+        if assessment.level == "crisis":
+            async for event in self._safety_turn(text, turn_index, assessment):
+                yield event
+            return
+        if assessment.level == "concern":
+            yield SafetyEvent(assessment)
+
+        state = encode_state(
+            client.session_index, client.planned_sessions, turn_index, self.config.turn_budget, text
+        )
+        slot = state.slot_id
+        valid = [s.id for s in skills_for(client.modality) if s.id not in client.excluded_skills]
+        shared = self.prior.for_state(client.modality, slot)
+        decision = client.posterior.decide(
+            slot, valid, {s: shared[s] for s in valid}, self._rng,
+            pinned=client.pinned_skill, tau=self.config.tau, epsilon=self.config.epsilon,
+        )  # fmt: skip
+        yield SkillEvent(decision, slot, assessment.level)
+        # Retrieval may load the embedding model on first use: keep it off the event loop.
+        prompt = await asyncio.to_thread(
+            self._prompt, text, decision.chosen, concern=assessment.level == "concern"
+        )
+        params = self._params(turn_index)
+        n = self.config.n_candidates
+        streamed = False
+        try:
+            if self.config.mode == "stream_first":
+                candidates: list[str] = []
+                async for piece in self._stream_candidates(prompt, n, params):
+                    if isinstance(piece, str):
+                        streamed = True
+                        yield TokenEvent(piece)
+                    else:
+                        candidates = piece
+            else:
+                candidates = await self._timed(
+                    self.backend.generate(prompt, n=n, params=params, adapter=self.adapter_version)
+                )
+            if len(candidates) != n:
+                raise BackendError(f"backend returned {len(candidates)} candidates, expected {n}")
+            judged = await self._judge(text, decision.chosen, candidates)
+        except (BackendError, TimeoutError) as exc:
+            timeout = isinstance(exc, TimeoutError)
+            yield ErrorEvent(
+                "backend_timeout" if timeout else "backend_error",
+                "The counselor is not responding right now. Your message is kept; try again."
+                if not streamed
+                else "The reply was interrupted. Try again.",
+                retryable=True,
+            )
+            return
+        group = self._group_record(turn_index, slot, decision, prompt, candidates, judged)
+        reply = candidates[group.delivered]
+        if not streamed:
+            for piece in _chunks(reply):
+                yield TokenEvent(piece)
+        self.turns.append(
+            TurnRecord(turn_index, text, reply, slot, decision.chosen, shared[decision.chosen],
+                       assessment.level, group)
+        )  # fmt: skip
+        yield DoneEvent(reply, turn_index, group, decision, assessment.level)
+
+    def _check_message(self, message: object) -> ErrorEvent | None:
+        if not isinstance(message, str):
+            return ErrorEvent("not_text", "Messages must be text.")
+        if not message.strip():
+            return ErrorEvent("empty_message", "Write something before sending.")
+        if len(message) > self.config.max_message_chars:
+            return ErrorEvent(
+                "too_long", f"Messages are limited to {self.config.max_message_chars} characters."
+            )
+        return None
+
+    async def _safety_turn(
+        self, text: str, turn_index: int, assessment: safety.SafetyAssessment
+    ) -> AsyncIterator[Event]:
+        """Crisis: the fixed safe response, no model call of any kind."""
+        yield SafetyEvent(assessment)
+        reply = safety.safe_response(self.config.safety_locale)
+        for piece in _chunks(reply):
+            yield TokenEvent(piece)
+        self.turns.append(TurnRecord(turn_index, text, reply, None, None, None, "crisis", None))
+        yield DoneEvent(reply, turn_index, None, None, "crisis")
+
+    def _params(self, turn_index: int) -> GenerationParams:
+        base = self.config.generation
+        if self.config.seed is None:
+            return base
+        return GenerationParams(
+            max_new_tokens=base.max_new_tokens, temperature=base.temperature, top_p=base.top_p,
+            seed=self.config.seed * 1000 + turn_index,
+        )  # fmt: skip
+
+    def _prompt(self, text: str, skill_id: str, *, concern: bool) -> list[ChatMessage]:
+        assert self.client is not None
+        skill = get_skill(skill_id)
+        system = _system_template().format(
+            modality_name=MODALITY_NAMES[self.client.modality],
+            skill_name=skill.name,
+            skill_instruction=skill.instruction,
+        )
+        if concern:
+            system += "\n\n" + safety.concern_guidance(self.config.safety_locale)
+        if self.config.memory_k > 0 and self.client.memory.active():
+            found = self.client.memory.retrieve(text, k=self.config.memory_k)
+            if found:
+                system += "\n\n" + render_for_prompt([item for item, _ in found])
+        messages = [ChatMessage("system", system)]
+        for turn in self.turns[-self.config.history_turns :]:
+            messages.append(ChatMessage("user", turn.client_text))
+            messages.append(ChatMessage("assistant", turn.reply))
+        messages.append(ChatMessage("user", text))
+        return messages
+
+    async def _timed(self, awaitable: Any) -> Any:
+        return await asyncio.wait_for(awaitable, timeout=self.config.backend_timeout_s)
+
+    async def _stream_candidates(
+        self, prompt: list[ChatMessage], n: int, params: GenerationParams
+    ) -> AsyncIterator[str | list[str]]:
+        """Yield candidate-0 text pieces as written, then the list of all candidates."""
+        stream = self.backend.generate_stream(
+            prompt, n=n, params=params, adapter=self.adapter_version
+        )
+        iterator = stream.__aiter__()
+        while True:
+            try:
+                event = await self._timed(iterator.__anext__())
+            except StopAsyncIteration:
+                raise BackendError("stream ended without a final result") from None
+            if isinstance(event, StreamDelta):
+                if event.index == 0 and event.text:
+                    yield event.text
+            elif isinstance(event, StreamDone):
+                yield list(event.texts)
+                return
+
+    async def _judge(self, text: str, skill_id: str, candidates: list[str]) -> GroupJudgment:
+        skill = get_skill(skill_id)
+        history = []
+        for turn in self.turns[-2:]:
+            history += [("client", turn.client_text), ("counselor", turn.reply)]
+        context = JudgeContext(tuple(history), text, skill.name, skill.instruction)
+        return await self._timed(self.judge.judge_group(context, candidates))
+
+    def _group_record(
+        self,
+        turn_index: int,
+        slot: str,
+        decision: Decision,
+        prompt: list[ChatMessage],
+        candidates: list[str],
+        judged: GroupJudgment,
+    ) -> CandidateGroupRecord:
+        assert self.client is not None
+        n = len(candidates)
+        group_id = (
+            uuid.uuid4().hex
+            if self.config.seed is None
+            else f"{stable_seed(self.client.client_id, self.client.session_index, turn_index, self.config.seed):016x}"
+        )
+        admissible = judged.admissible
+        edges: list[soca.Edge] = []
+        if admissible:
+            edges = soca.build_preference_graph(
+                n, judged.support, floor=self.config.edge_floor, group_id=group_id
+            )
+        pointwise = [p if math.isfinite(p) else 0.0 for p in judged.pointwise]
+        depths = soca.graph_depths(n, edges)
+        # stream_first already delivered candidate 0 while it was being written.
+        stream_first = self.config.mode == "stream_first"
+        delivered = 0 if stream_first else soca.select_delivered(n, edges, pointwise)
+        problem = judged.problem
+        if admissible and not edges:
+            # App. C.1: an empty graph still selects by pointwise score but trains nothing.
+            admissible, problem = False, "empty preference graph"
+        return CandidateGroupRecord(
+            group_id=group_id,
+            client_id=self.client.client_id,
+            modality=self.client.modality,
+            adapter_version=self.adapter_version,
+            session_index=self.client.session_index,
+            turn_index=turn_index,
+            state_slot=slot,
+            skill=decision.chosen,
+            mode=self.config.mode,
+            prompt=[{"role": m.role, "content": m.content} for m in prompt],
+            candidates=list(candidates),
+            judgments=[j.to_dict() for j in judged.judgments],
+            support=[{"i": i, "j": j, "forward": f, "backward": b}
+                     for (i, j), (f, b) in sorted(judged.support.items())],
+            edges=[{"winner": e.winner, "loser": e.loser, "weight": e.weight} for e in edges],
+            pointwise=[float(p) for p in judged.pointwise],
+            depths=depths,
+            delivered=delivered,
+            admissible=admissible,
+            problem=problem,
+            beta=self.config.beta,
+        )  # fmt: skip
+
+    # -- session end -----------------------------------------------------------------------
+    async def end_session(self, rating: SessionRating | None = None) -> SessionOutcome:
+        """Credit, posterior updates and memory recap (paper Alg. 1 lines 14-15, 21).
+
+        Choices where the paper is silent:
+        - R_t of the last counselor turn has no client reaction to judge: it takes the mean
+          of the observed outcomes (0.5 when there are none), i.e. no evidence either way.
+        - Safety turns (no skill decision) take part in credit propagation with the same
+          neutral value but update no posterior cell.
+        - The session reward is rating_weight * normalised SRS + (1 - rating_weight) *
+          mean turn outcome when the client rated the session; otherwise the mean outcome.
+        - A judge failure at session end leaves every outcome neutral (0.5): credit then
+          carries only the session reward; the session still ends.
+        """
+        client = self.client
+        if client is None or self._ended:
+            raise RuntimeError("no session is running")
+        self._ended = True
+        outcomes = await self._turn_outcomes()
+        internal = sum(outcomes) / len(outcomes) if outcomes else 0.5
+        reward = internal
+        if rating is not None:
+            w = self.config.rating_weight
+            reward = w * rating.normalised() + (1.0 - w) * internal
+        history = [*client.session_rewards, reward]
+        projected = soca.projected_session_reward(history, scale=self.config.ordinal_scale)
+        credit = (
+            soca.trajectory_returns(
+                outcomes, projected, scale=self.config.ordinal_scale, gamma=self.config.gamma
+            )
+            if outcomes
+            else []
+        )
+        updates = []
+        for turn, G in zip(self.turns, credit, strict=True):
+            if turn.skill is None or turn.state_slot is None or turn.shared_value is None:
+                continue
+            updates.append(
+                client.posterior.update(turn.state_slot, turn.skill, G, turn.shared_value)
+            )
+        client.session_rewards.append(reward)
+        recap = await self._recap()
+        return SessionOutcome(outcomes, internal, rating, reward, projected, credit, updates, recap)
+
+    async def _turn_outcomes(self) -> list[float]:
+        if not self.turns:
+            return []
+        observed: list[float | None] = [None] * len(self.turns)
+        try:
+            pairs = [
+                (t, self.turns[t].reply, self.turns[t + 1].client_text)
+                for t in range(len(self.turns) - 1)
+                if self.turns[t].skill is not None
+            ]
+            values = await self._timed(
+                self.judge.turn_outcomes([(reply, nxt) for _, reply, nxt in pairs])
+            )
+            for (t, _, _), value in zip(pairs, values, strict=True):
+                observed[t] = value
+        except (BackendError, TimeoutError, ValueError):
+            observed = [None] * len(self.turns)
+        seen = [v for v in observed if v is not None]
+        neutral = sum(seen) / len(seen) if seen else 0.5
+        return [neutral if v is None else v for v in observed]
+
+    async def _recap(self) -> list[MemoryItem]:
+        assert self.client is not None
+        transcript = []
+        for turn in self.turns:
+            transcript += [("client", turn.client_text), ("counselor", turn.reply)]
+        if not transcript:
+            return []
+        session_id = f"{self.client.client_id}:{self.client.session_index}"
+        drafts = await generate_recap(
+            self.backend, transcript, params=self._params(len(self.turns)),
+            existing=self.client.memory.active(),
+        )  # fmt: skip
+        added = []
+        for draft in drafts:
+            added.append(
+                self.client.memory.add(
+                    kind=draft.kind, text=draft.text, source_session=session_id,
+                    source_turn=draft.source_turn, origin="counselor",
+                )
+            )  # fmt: skip
+        return added
+
+
+def stable_seed(*parts: object) -> int:
+    """A reproducible 63-bit seed from any parts (never Python's salted hash())."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1

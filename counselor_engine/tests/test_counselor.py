@@ -1,0 +1,254 @@
+"""One counseling session end to end, headless: the paper's Algorithm 1 for one client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from counselor_engine import soca
+from counselor_engine.backends.base import GenerationParams
+from counselor_engine.counselor import (
+    ClientState,
+    Counselor,
+    CounselorConfig,
+    DoneEvent,
+    ErrorEvent,
+    SafetyEvent,
+    SessionRating,
+    SkillEvent,
+    TokenEvent,
+)
+from counselor_engine.embeddings import HashingEmbedder
+from counselor_engine.memory import MemoryStore
+from counselor_engine.tests.fakes import FakeBackend
+
+FAST = GenerationParams(max_new_tokens=10, temperature=0.9, top_p=0.95)
+
+
+def client(modality: str = "cbt", **kwargs) -> ClientState:  # type: ignore[no-untyped-def]
+    return ClientState(
+        "client-1", modality, 0, 4, memory=MemoryStore(embedder=HashingEmbedder()), **kwargs
+    )
+
+
+def config(**kwargs) -> CounselorConfig:  # type: ignore[no-untyped-def]
+    return CounselorConfig(**{"n_candidates": 3, "generation": FAST, "seed": 7, **kwargs})
+
+
+async def collect(counselor: Counselor, message: object) -> list:  # type: ignore[type-arg]
+    return [event async for event in counselor.respond(message)]
+
+
+@pytest.fixture
+async def tiny_transformers(tiny_backend, tiny_adapter_paths):  # type: ignore[no-untyped-def]
+    await tiny_backend.load_adapter("v3", str(tiny_adapter_paths["v1"]))
+    return tiny_backend
+
+
+async def test_a_two_session_course_learns_only_where_it_acted(tiny_transformers) -> None:  # type: ignore[no-untyped-def]
+    state = client()
+    counselor = Counselor(tiny_transformers, config=config())
+    counselor.start_session(state, "v3")
+    messages = [
+        "I feel anxious about my exams",
+        "I can't sleep before tests",
+        "my parents expect a lot",
+    ]
+    chosen = []
+    groups = []
+    for message in messages:
+        events = await collect(counselor, message)
+        assert isinstance(events[0], SkillEvent)
+        done = events[-1]
+        assert isinstance(done, DoneEvent)
+        assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == done.reply
+        chosen.append((done.decision.state, done.decision.chosen))
+        groups.append(done.group)
+    for group in groups:
+        assert (group.client_id, group.modality, group.adapter_version) == ("client-1", "cbt", "v3")
+        assert len(group.candidates) == 3
+        assert group.candidates[group.delivered] in [t.reply for t in counselor.turns]
+    before = state.posterior.cells()
+    assert before == {}
+    outcome = await counselor.end_session(SessionRating(8, 7, 9, 8))
+    after = state.posterior.cells()
+    assert set(after) == set(chosen), "only cells whose skill was chosen may change"
+    # Credit is Eq. 9 over the judged outcomes with the projected session reward.
+    expected = soca.trajectory_returns(outcome.turn_outcomes, outcome.projected_session_reward)
+    assert outcome.credit == pytest.approx(expected)
+    assert outcome.projected_session_reward == pytest.approx(
+        outcome.session_reward
+    )  # first session
+    assert [u.G for u in outcome.posterior_updates] == pytest.approx(outcome.credit)
+    assert outcome.recap, "a session always leaves a recap"
+
+    # Session 2: the session-1 recap reaches the prompt through retrieval.
+    state.session_index = 1
+    second = Counselor(tiny_transformers, config=config(seed=8))
+    second.start_session(state, "v3")
+    await collect(second, "exams are coming again and I'm anxious")
+    system = second.turns[0].group.prompt[0]["content"]
+    assert "<client_memory>" in system
+    assert outcome.recap[0].text.split()[0] in system
+
+
+async def test_a_crisis_never_touches_the_model() -> None:
+    backend = FakeBackend().fail_always("*")
+    counselor = Counselor(backend, config=config())
+    counselor.start_session(client(), None)
+    events = await collect(counselor, "I am going to kill myself tonight")
+    assert isinstance(events[0], SafetyEvent) and events[0].assessment.level == "crisis"
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.group is None and "988" in done.reply
+    assert sum(backend.calls.values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("", "empty_message"),
+        ("  \n ", "empty_message"),
+        (b"bytes", "not_text"),
+        (None, "not_text"),
+        ("x" * 5001, "too_long"),
+    ],
+)
+async def test_bad_messages_are_refused_and_nothing_is_recorded(message, code) -> None:  # type: ignore[no-untyped-def]
+    backend = FakeBackend()
+    counselor = Counselor(backend, config=config(max_message_chars=5000))
+    counselor.start_session(client(), None)
+    events = await collect(counselor, message)
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent) and events[0].code == code
+    assert counselor.turns == [] and sum(backend.calls.values()) == 0
+
+
+async def test_a_slow_backend_times_out_and_a_retry_is_clean() -> None:
+    backend = FakeBackend(delay=1.0)
+    counselor = Counselor(backend, config=config(backend_timeout_s=0.05))
+    counselor.start_session(client(), None)
+    events = await collect(counselor, "hello")
+    assert isinstance(events[-1], ErrorEvent) and events[-1].code == "backend_timeout"
+    assert events[-1].retryable and counselor.turns == []
+    backend.delay = 0.0
+    events = await collect(counselor, "hello")
+    assert isinstance(events[-1], DoneEvent) and len(counselor.turns) == 1
+
+
+async def test_a_down_backend_is_an_error_event_not_an_exception() -> None:
+    backend = FakeBackend().fail_always("generate")
+    counselor = Counselor(backend, config=config())
+    counselor.start_session(client(), None)
+    events = await collect(counselor, "hello")
+    assert isinstance(events[-1], ErrorEvent) and events[-1].code == "backend_error"
+
+
+async def test_a_nan_judgment_delivers_by_pointwise_and_is_not_evidence() -> None:
+    backend = FakeBackend()
+    backend.script_probabilities([float("nan")] * 5, [0, 0, 0, 0, 1], [1, 0, 0, 0, 0])
+    counselor = Counselor(backend, config=config())
+    counselor.start_session(client(), None)
+    done = (await collect(counselor, "hello"))[-1]
+    assert isinstance(done, DoneEvent)
+    assert not done.group.admissible
+    assert done.group.delivered == 1  # the best finite pointwise score
+
+
+async def test_stream_first_streams_candidate_zero_and_records_it() -> None:
+    backend = FakeBackend(["first candidate text", "second", "third"])
+    counselor = Counselor(backend, config=config(mode="stream_first"))
+    counselor.start_session(client(), None)
+    events = await collect(counselor, "hello")
+    tokens = [e.text for e in events if isinstance(e, TokenEvent)]
+    assert "".join(tokens) == "first candidate text"
+    done = events[-1]
+    assert done.group.delivered == 0 and done.group.mode == "stream_first"
+    assert len(done.group.candidates) == 3
+
+
+async def test_pinned_and_excluded_skills_are_honoured() -> None:
+    counselor = Counselor(FakeBackend(), config=config())
+    counselor.start_session(client(pinned_skill="CBT2"), None)
+    skill = (await collect(counselor, "hello"))[0]
+    assert skill.decision.chosen == "CBT2" and skill.decision.records["CBT2"].probability == 1.0
+    counselor = Counselor(FakeBackend(), config=config())
+    counselor.start_session(client(excluded_skills=frozenset({"CBT1", "CBT2"})), None)
+    for message in ["a", "b", "c", "d"]:
+        decision = next(
+            e for e in await collect(counselor, message) if isinstance(e, SkillEvent)
+        ).decision
+        assert "CBT1" not in decision.records and "CBT2" not in decision.records
+        assert decision.chosen not in {"CBT1", "CBT2"}
+
+
+def test_bad_client_state_is_refused() -> None:
+    with pytest.raises(ValueError, match="modality"):
+        ClientState("c", "astrology", 0, 1)
+    with pytest.raises(ValueError, match="skills"):
+        ClientState("c", "cbt", 0, 1, pinned_skill="PDT1")
+    with pytest.raises(ValueError, match="every skill"):
+        ClientState("c", "cbt", 0, 1, excluded_skills=frozenset(f"CBT{i}" for i in range(1, 7)))
+
+
+def test_client_state_round_trips_through_json() -> None:
+    state = client()
+    state.posterior.update("core/early/anxiety", "CBT1", 0.7, 0.2)
+    state.memory.add("goal", "sleep better before exams", source_session="s1", source_turn=2)
+    again = ClientState.from_dict(state.to_dict())
+    assert again.to_dict() == state.to_dict()
+
+
+async def test_the_session_ends_even_when_the_model_is_down() -> None:
+    backend = FakeBackend()
+    counselor = Counselor(backend, config=config())
+    counselor.start_session(client(), None)
+    await collect(counselor, "I worry about work")
+    await collect(counselor, "and about money")
+    backend.fail_always("*")
+    outcome = await counselor.end_session(None)
+    assert outcome.turn_outcomes == [0.5, 0.5]
+    assert len(outcome.posterior_updates) == 2
+    assert outcome.recap  # the extractive fallback
+
+
+def test_the_cli_replays_a_saved_session_identically(tiny_model_path: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    save = tmp_path / "session.json"
+    common = ["--model", str(tiny_model_path)]
+    chat = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "counselor_engine",
+            "chat",
+            "--modality",
+            "het",
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "3",
+            "--save",
+            str(save),
+            "--client-file",
+            str(tmp_path / "client.json"),
+            *common,
+        ],
+        input="I feel stuck\nnothing changes\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout.count("counselor>") == 2
+    replay = subprocess.run(
+        [sys.executable, "-m", "counselor_engine", "replay", str(save), *common],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replay.returncode == 0, replay.stderr
+    assert "replay identical" in replay.stderr

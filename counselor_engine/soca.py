@@ -1,0 +1,338 @@
+"""State-conditioned Ordinal Credit Assignment (paper, Sec. 2.4, Eq. 7-9, 12, App. C.1).
+
+Two resolutions of evidence: within a turn, two-order pairwise judgments become an acyclic
+preference graph over the N candidates (Eq. 7), whose depth picks the delivered reply and
+whose edges feed LiPO; after the session, realized turn outcomes are replaced by their
+ordinal projection (Eq. 8) and propagated backwards as returns for HBSP (Eq. 9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from counselor_engine import _validate
+
+FLOOR = 0.1  # the configured stability floor (App. C.1)
+SCALE = 0.5  # s in Eq. 8
+GAMMA = 0.9  # discount in Eq. 9
+_XI_TOLERANCE = 1e-16  # bisection bracket width for the Eq. 8 shift
+
+Scores = Sequence[float] | np.ndarray
+
+
+def support_share(judgments: Sequence[float], weights: Sequence[float]) -> float:
+    """Eq. 12: weighted share of criteria that favour the original candidate i.
+
+    ``judgments`` may be binary (the paper's z) or soft values in [0, 1], e.g. a judge's
+    token probability that criterion l favours i. For independent criteria, the soft form
+    is the expectation of Eq. 12, since the share is linear in each z.
+    """
+    z = _validate.unit_vector("judgments", judgments)
+    w = _validate.vector("weights", weights)
+    if w.shape != z.shape:
+        raise ValueError(f"weights: length {w.size} does not match judgments ({z.size})")
+    if (w <= 0.0).any():
+        raise ValueError("weights: every weight must be > 0")
+    return float(np.clip(np.dot(w, z) / w.sum(), 0.0, 1.0))  # clip: rounding only
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A supported preference ``winner`` > ``loser`` with SOCA strength ``weight`` (Eq. 7)."""
+
+    winner: int
+    loser: int
+    weight: float
+
+
+def edge_strength(p_forward: float, p_backward: float) -> tuple[bool, float] | None:
+    """Eq. 7 for one pair: ``(i_wins, c_ij)``, or None when the two orders disagree.
+
+    Both supports must lie strictly on the same side of 0.5; a tie at 0.5 abstains.
+    """
+    return _strength(
+        _validate.unit("p_forward", p_forward), _validate.unit("p_backward", p_backward)
+    )
+
+
+def _strength(p_f: float, p_b: float) -> tuple[bool, float] | None:
+    """Eq. 7 on checked supports."""
+    if p_f > 0.5 and p_b > 0.5:
+        return True, 2.0 * min(p_f, p_b) - 1.0
+    if p_f < 0.5 and p_b < 0.5:
+        return False, 2.0 * min(1.0 - p_f, 1.0 - p_b) - 1.0
+    return None
+
+
+def _tie_key(group_id: str, i: int, j: int) -> bytes:
+    """Deterministic order among equal strengths (never ``hash()``: it is salted)."""
+    return hashlib.sha256(f"{group_id}:{i}:{j}".encode()).digest()
+
+
+def build_preference_graph(
+    n: int,
+    support: Mapping[tuple[int, int], tuple[float, float]],
+    *,
+    floor: float = FLOOR,
+    group_id: str = "",
+) -> list[Edge]:
+    """The acyclic SOCA preference graph over ``n`` candidates (Eq. 7).
+
+    ``support[(i, j)]`` (i < j) is ``(p_forward, p_backward)``: candidate i's support share
+    (Eq. 12) in each presentation order, already mapped back to the original identities.
+    Every unordered pair must be present (App. C.1).
+
+    1. Per pair, keep a direction only when both orders agree strictly (Eq. 7); strength
+       c = 2 min(...) - 1.
+    2. Discard edges with c < ``floor`` (an edge exactly at the floor is kept).
+    3. Sort by decreasing c; equal strengths by sha256 of ``f"{group_id}:{i}:{j}"``.
+    4. Admit edges in that order, skipping any whose loser already reaches its winner
+       (it would close a directed cycle). Returns the admitted edges in admission order.
+    """
+    n = _validate.integer("n", n, minimum=1)
+    floor = _validate.nonnegative("floor", floor)
+    if not isinstance(group_id, str):
+        raise ValueError("group_id: expected a string")
+    scored: list[tuple[float, int, int, int, int]] = []  # (-c, i, j, winner, loser)
+    for i, j in _all_pairs(n, support):
+        verdict = _strength(*_pair_support(support, i, j))
+        if verdict is not None and verdict[1] >= floor:
+            winner, loser = (i, j) if verdict[0] else (j, i)
+            scored.append((-verdict[1], i, j, winner, loser))
+    reach = [1 << v for v in range(n)]  # reach[v]: bitset of nodes reachable from v
+    edges: list[Edge] = []
+    for neg_strength, _, _, winner, loser in _admission_order(scored, group_id):
+        if reach[loser] >> winner & 1:
+            continue  # loser already reaches winner: this edge would close a cycle
+        edges.append(Edge(winner, loser, -neg_strength))
+        # Everything that reached the winner now also reaches all the loser reaches.
+        bit, gained = 1 << winner, reach[loser]
+        reach = [r | gained if r & bit else r for r in reach]
+    return edges
+
+
+def _admission_order(
+    scored: list[tuple[float, int, int, int, int]], group_id: str
+) -> list[tuple[float, int, int, int, int]]:
+    """Decreasing strength; a run of equal strengths by the sha256 tie key (hashed only
+    when there is a tie to break)."""
+    scored = sorted(scored, key=lambda e: e[0])
+    ordered: list[tuple[float, int, int, int, int]] = []
+    for _, group in itertools.groupby(scored, key=lambda e: e[0]):
+        run = list(group)
+        if len(run) > 1:
+            run.sort(key=lambda e: _tie_key(group_id, e[1], e[2]))
+        ordered += run
+    return ordered
+
+
+def _all_pairs(
+    n: int, support: Mapping[tuple[int, int], tuple[float, float]]
+) -> list[tuple[int, int]]:
+    if not isinstance(support, Mapping):
+        raise ValueError("support: expected a mapping (i, j) -> (p_forward, p_backward)")
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    extra = set(support) - set(pairs)
+    if extra:
+        shown = sorted(extra, key=repr)[:3]
+        raise ValueError(f"support: keys must be pairs (i, j) with 0 <= i < j < n; got {shown}")
+    missing = [p for p in pairs if p not in support]
+    if missing:
+        raise ValueError(f"support: missing pairs {missing[:3]} (every pair needs both orders)")
+    return pairs
+
+
+def _pair_support(
+    support: Mapping[tuple[int, int], tuple[float, float]], i: int, j: int
+) -> tuple[float, float]:
+    value = support[(i, j)]
+    try:
+        p_f, p_b = value
+    except (TypeError, ValueError):
+        raise ValueError(f"support: value for {(i, j)} must be (p_forward, p_backward)") from None
+    if type(p_f) is float and type(p_b) is float and 0.0 <= p_f <= 1.0 and 0.0 <= p_b <= 1.0:
+        return p_f, p_b  # the common case, checked without building messages (NaN fails)
+    return (
+        _validate.unit(f"support[{(i, j)}].p_forward", p_f),
+        _validate.unit(f"support[{(i, j)}].p_backward", p_b),
+    )
+
+
+def graph_depths(n: int, edges: Sequence[Edge]) -> list[int]:
+    """Longest directed path from each candidate to a sink (sinks have depth 0)."""
+    n = _validate.integer("n", n, minimum=1)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for edge in _checked_edges(n, edges):
+        children[edge.winner].append(edge.loser)
+    depth: list[int | None] = [None] * n
+    for root in range(n):
+        _fill_depth(root, children, depth)
+    return [d if d is not None else 0 for d in depth]
+
+
+def _fill_depth(root: int, children: list[list[int]], depth: list[int | None]) -> None:
+    """Iterative post-order DFS; a back edge to a node on the stack means a cycle."""
+    if depth[root] is not None:
+        return
+    on_stack = {root}
+    stack: list[tuple[int, int]] = [(root, 0)]
+    while stack:
+        node, k = stack[-1]
+        if k < len(children[node]):
+            stack[-1] = (node, k + 1)
+            child = children[node][k]
+            if child in on_stack:
+                raise ValueError("edges: the graph has a directed cycle")
+            if depth[child] is None:
+                on_stack.add(child)
+                stack.append((child, 0))
+            continue
+        stack.pop()
+        on_stack.discard(node)
+        depth[node] = max((depth[c] or 0) + 1 for c in children[node]) if children[node] else 0
+
+
+def _checked_edges(n: int, edges: Sequence[Edge]) -> Sequence[Edge]:
+    for edge in edges:
+        if not isinstance(edge, Edge):
+            raise ValueError(f"edges: expected Edge objects, got {type(edge).__name__}")
+        for name in ("winner", "loser"):
+            index = _validate.integer(f"edges.{name}", getattr(edge, name), minimum=0)
+            if index >= n:
+                raise ValueError(f"edges: candidate index {index} out of range for n={n}")
+        if edge.winner == edge.loser:
+            raise ValueError(f"edges: self-loop on candidate {edge.winner}")
+    return edges
+
+
+def select_delivered(n: int, edges: Sequence[Edge], pointwise: Sequence[float]) -> int:
+    """The delivered candidate: greatest depth, then higher pointwise score, then lower index.
+
+    Pointwise scores never create or reverse edges; an empty graph (all depths 0) is
+    therefore plain pointwise selection.
+    """
+    depths = graph_depths(n, edges)
+    scores = _validate.vector("pointwise", pointwise)
+    if scores.size != len(depths):
+        raise ValueError(f"pointwise: expected {len(depths)} scores, got {scores.size}")
+    return max(range(len(depths)), key=lambda k: (depths[k], scores[k], -k))
+
+
+def midranks(scores: Scores) -> list[float]:
+    """Zero-based tie-aware ranks: tied values share the mean of their zero-based ranks."""
+    values = _validate.vector("scores", scores)
+    order = np.argsort(values, kind="stable")
+    ranks = [0.0] * values.size
+    start = 0
+    while start < values.size:
+        end = start
+        while end + 1 < values.size and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            ranks[int(order[k])] = (start + end) / 2.0
+        start = end + 1
+    return ranks
+
+
+def ordinal_levels(scores: Scores) -> list[float]:
+    """The ordinal levels l_t of Eq. 8, in [-1, 1].
+
+    K = min(3, T) and l_t = 2 min(K - 1, floor(K rho_t / T)) / (K - 1) - 1 with zero-based
+    midranks rho_t; T = 1 gives l = 0. A midrank is (a + b) / 2 for integer ranks a, b, so
+    the floor is computed exactly in integers as K (a + b) // (2T). Depends on the scores
+    only through their order (Proposition 1).
+    """
+    ranks = midranks(scores)
+    count = len(ranks)
+    if count == 1:
+        return [0.0]
+    k = min(3, count)
+    levels = []
+    for rho in ranks:
+        twice_rho = round(2 * rho)  # exact: rho is a whole or half integer
+        tier = min(k - 1, (k * twice_rho) // (2 * count))
+        levels.append(2.0 * tier / (k - 1) - 1.0)
+    return levels
+
+
+def ordinal_projection(scores: Scores, *, scale: float = SCALE) -> list[float]:
+    """Eq. 8: r~_t = clip(R_bar + s l_t + xi, 0, 1) with mean(r~) = R_bar.
+
+    1. Check every score is in [0, 1]; R_bar is their mean.
+    2. Levels l_t from tie-aware midranks (:func:`ordinal_levels`).
+    3. Find the common shift xi by bisection: mean(clip(R_bar + s l + xi, 0, 1)) is
+       continuous and non-decreasing in xi, 0 at xi = -(1 + s) and 1 at xi = 1 + s, so a
+       root exists for any R_bar in [0, 1]. The bracket is halved down to 1e-16 or to
+       adjacent floats (about 55 steps); the mean's slope in xi is at most 1, so the mean
+       is kept to ~1e-15.
+
+    Equal scores get equal credit. When all scores are equal (including T = 1) there is no
+    ordinal information (paper, H.7) and the scores are returned unchanged.
+    """
+    values = _validate.unit_vector("scores", scores)
+    scale = _validate.nonnegative("scale", scale)
+    if values.min() == values.max():
+        return [float(v) for v in values]
+    levels = np.array(ordinal_levels(values), dtype=np.float64)
+    target = float(values.mean())
+    base = target + scale * levels
+    return [float(v) for v in _mean_preserving_clip(base, target, scale)]
+
+
+def _mean_preserving_clip(base: np.ndarray, target: float, scale: float) -> np.ndarray:
+    """clip(base + xi, 0, 1) with xi chosen by bisection so that its mean is ``target``."""
+    lo, hi = -1.0 - scale, 1.0 + scale
+    while hi - lo > _XI_TOLERANCE:
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break  # adjacent floats: the bracket cannot shrink further
+        if np.clip(base + mid, 0.0, 1.0).mean() < target:
+            lo = mid
+        else:
+            hi = mid
+    below = np.clip(base + lo, 0.0, 1.0)
+    above = np.clip(base + hi, 0.0, 1.0)
+    closer = abs(below.mean() - target) <= abs(above.mean() - target)
+    return below if closer else above
+
+
+def trajectory_returns(
+    turn_outcomes: Scores,
+    session_reward: float,
+    *,
+    scale: float = SCALE,
+    gamma: float = GAMMA,
+) -> list[float]:
+    """Eq. 9 on the projected outcomes: G_t = r~_t + gamma G_{t+1}, G_{T+1} = session reward.
+
+    Returns G_1..G_T (one per realized turn), equal to the closed form of Eq. 14. The
+    session reward must lie in [0, 1] like the outcomes (pass
+    :func:`projected_session_reward` for the paper's r_session).
+    """
+    _validate.unit_vector("turn_outcomes", turn_outcomes)
+    projected = ordinal_projection(turn_outcomes, scale=scale)
+    G = _validate.unit("session_reward", session_reward)
+    gamma = _validate.unit("gamma", gamma)
+    returns = [0.0] * len(projected)
+    for t in range(len(projected) - 1, -1, -1):
+        G = projected[t] + gamma * G
+        returns[t] = G
+    return returns
+
+
+def projected_session_reward(history: Scores, *, scale: float = SCALE) -> float:
+    """r_session for the latest session (App. C).
+
+    ``history`` is the client's raw session rewards, oldest first, ending with the session
+    just finished. The first session keeps its raw value; afterwards the value is the last
+    entry of the ordinal projection (Eq. 8) of the whole history.
+    """
+    values = _validate.unit_vector("history", history)
+    if values.size == 1:
+        return float(values[0])
+    return ordinal_projection(values, scale=scale)[-1]

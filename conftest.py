@@ -19,3 +19,37 @@ async def close_thread_db_connections():  # type: ignore[no-untyped-def]
     from django.db import connections
 
     await sync_to_async(connections.close_all)()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A tiny random-weight chat model built in code (exact, offline, fast)."""
+    from counselor_engine.backends.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def tiny_engine(settings, tiny_model_dir):  # type: ignore[no-untyped-def]
+    """Point the web process's engine at the tiny model with small, fast settings."""
+    from webapp.counseling import runtime
+
+    settings.PSYEVO_BACKEND = "transformers"
+    settings.PSYEVO_MODEL_PATH = str(tiny_model_dir)
+    settings.PSYEVO_CANDIDATES = 3
+    settings.PSYEVO_MAX_NEW_TOKENS = 12
+    runtime.reset_backend()
+    yield tiny_model_dir
+    runtime.reset_backend()
+
+
+@pytest.fixture
+def broken_engine(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """A model backend that cannot start: every model call fails."""
+    from webapp.counseling import runtime
+
+    settings.PSYEVO_BACKEND = "transformers"
+    settings.PSYEVO_MODEL_PATH = str(tmp_path / "no-such-model")
+    runtime.reset_backend()
+    yield
+    runtime.reset_backend()

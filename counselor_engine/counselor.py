@@ -437,7 +437,7 @@ class Counselor:
             return base
         return GenerationParams(
             max_new_tokens=base.max_new_tokens, temperature=base.temperature, top_p=base.top_p,
-            seed=self.config.seed * 1000 + turn_index,
+            seed=stable_seed(self.config.seed, "turn", turn_index),
         )  # fmt: skip
 
     def _prompt(self, text: str, skill_id: str, *, concern: bool) -> list[ChatMessage]:

@@ -250,9 +250,25 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PSYEVO_BACKEND = env_choice("PSYEVO_BACKEND", "transformers", ("transformers", "vllm"))
 PSYEVO_MODEL_PATH = env_str("PSYEVO_MODEL_PATH", "")
 PSYEVO_VLLM_URL = env_str("PSYEVO_VLLM_URL", "")
+PSYEVO_VLLM_MODEL = env_str("PSYEVO_VLLM_MODEL", "smollm2-135m-instruct")
 PSYEVO_SAFETY_LOCALE = env_str("PSYEVO_SAFETY_LOCALE", "en-US")
+PSYEVO_MODE = env_choice("PSYEVO_MODE", "graph", ("graph", "stream_first"))
+PSYEVO_CANDIDATES = env_int("PSYEVO_CANDIDATES", 5, minimum=1)
+PSYEVO_MAX_NEW_TOKENS = env_int("PSYEVO_MAX_NEW_TOKENS", 160, minimum=1)
+PSYEVO_TEMPERATURE = env_float("PSYEVO_TEMPERATURE", 0.9, minimum=0.0)
+PSYEVO_TURN_BUDGET = env_int("PSYEVO_TURN_BUDGET", 12, minimum=1)
+PSYEVO_PLANNED_SESSIONS = env_int("PSYEVO_PLANNED_SESSIONS", 8, minimum=1)
+PSYEVO_MAX_MESSAGE_CHARS = env_int("PSYEVO_MAX_MESSAGE_CHARS", 4000, minimum=1)
+PSYEVO_BACKEND_TIMEOUT = env_float("PSYEVO_BACKEND_TIMEOUT", 120.0, minimum=1.0)
+# Websocket limits (the consumer enforces them; daphne also caps frames at 64 KiB).
+WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 65536, minimum=1024)
+WS_RATE_LIMIT = env_int("WS_RATE_LIMIT", 20, minimum=1)  # messages ...
+WS_RATE_WINDOW_SECONDS = env_float("WS_RATE_WINDOW_SECONDS", 10.0, minimum=0.1)  # ... per window
+WS_REAUTH_SECONDS = env_float("WS_REAUTH_SECONDS", 30.0, minimum=0.1)
 HEALTHZ_TIMEOUT_SECONDS = env_float("HEALTHZ_TIMEOUT_SECONDS", 1.5, minimum=0.1)
-ADAPTER_DIR = Path(env_str("PSYEVO_ADAPTER_DIR", str(DATA_DIR / "adapters")) or DATA_DIR / "adapters")
+ADAPTER_DIR = Path(
+    env_str("PSYEVO_ADAPTER_DIR", str(DATA_DIR / "adapters")) or DATA_DIR / "adapters"
+)
 
 # --- LiPO training rounds (read by webapp.learning and training_worker) -------------------
 LIPO = {

@@ -11,5 +11,8 @@ admin.site.site_title = "PsyEvo admin"
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("sessions/", include("webapp.counseling.urls")),
+    path("memory/", include("webapp.memory.urls")),
+    path("adapters/", include("webapp.learning.urls")),
     path("", include("webapp.accounts.urls")),
 ]

@@ -8,7 +8,6 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("login/", views.PsyEvoLoginView.as_view(), name="login"),
     path("logout/", views.logout_view, name="logout"),
-    path("me/", views.client_home, name="client_home"),
     path("me/consent/", views.consent, name="consent"),
     path("clinician/", views.clinician_home, name="clinician_home"),
     path("console/", views.admin_home, name="admin_home"),

@@ -14,7 +14,7 @@ from webapp.accounts.access import role_required
 from webapp.accounts.forms import ConsentForm, LoginForm
 from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
 
-ROLE_HOME = {Role.CLIENT: "client_home", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
+ROLE_HOME = {Role.CLIENT: "my_sessions", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
 
 
 class PsyEvoLoginView(LoginView):
@@ -40,18 +40,12 @@ def _profile(user: User) -> ClientProfile | None:
 
 
 @role_required(Role.CLIENT)
-def client_home(request: HttpRequest) -> HttpResponse:
-    profile = _profile(request.user)
-    return render(request, "accounts/client_home.html", {"profile": profile})
-
-
-@role_required(Role.CLIENT)
 @require_http_methods(["GET", "POST"])
 def consent(request: HttpRequest) -> HttpResponse:
     profile = _profile(request.user)
     if profile is None:
         messages.error(request, "Your account has no client profile yet; ask your clinic.")
-        return redirect("client_home")
+        return redirect("my_sessions")
     state = profile.consent_state()
     if request.method == "POST":
         form = ConsentForm(request.POST)

@@ -14,7 +14,7 @@ from webapp.accounts.tests.factories import (
 
 pytestmark = pytest.mark.django_db
 
-PAGES = {"client": "client_home", "clinician": "clinician_home", "admin": "admin_home"}
+PAGES = {"client": "my_sessions", "clinician": "clinician_home", "admin": "admin_home"}
 
 
 def make(role: str):  # type: ignore[no-untyped-def]

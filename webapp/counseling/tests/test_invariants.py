@@ -7,9 +7,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
-from webapp.accounts.tests.factories import ClientProfileFactory, UserFactory
+from webapp.accounts.tests.factories import ClientProfileFactory
 from webapp.counseling.models import Course, Session, Turn
-from webapp.learning.models import AdapterVersion
 from webapp.oversight.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -62,21 +61,6 @@ def test_it_refuses_a_second_duplicate_client_message_id(course):  # type: ignor
     Turn.objects.create(session=session, seq=0, role="client", text="a", client_msg_id="m1")
     with pytest.raises(IntegrityError), transaction.atomic():
         Turn.objects.create(session=session, seq=1, role="client", text="a", client_msg_id="m1")
-
-
-def test_it_allows_at_most_one_active_adapter():  # type: ignore[no-untyped-def]
-    approver = UserFactory(role="clinician")
-    common = dict(
-        status="active", approved_by=approver, approved_at=timezone.now(), approved_sha256="ab" * 32
-    )
-    AdapterVersion.objects.create(name="v1", **common)
-    with pytest.raises(IntegrityError), transaction.atomic():
-        AdapterVersion.objects.create(name="v2", **common)
-
-
-def test_it_refuses_an_active_adapter_without_approval():  # type: ignore[no-untyped-def]
-    with pytest.raises(IntegrityError), transaction.atomic():
-        AdapterVersion.objects.create(name="sneaky", status="active")
 
 
 def test_it_refuses_to_rewrite_an_audit_event():  # type: ignore[no-untyped-def]

@@ -1,0 +1,412 @@
+"""The counseling socket: one per open chat page, one channel group per session.
+
+Authorization happens in ``connect``, on every incoming message, and on a timer, so a
+socket closes within ``WS_REAUTH_SECONDS`` of logout or account disable. The consumer
+parses and authorizes; sessions, turns and evidence are written by ``services`` and the
+reply comes from the engine, rebuilt from PostgreSQL for each message (no state lives
+here that another server would miss).
+
+A message while a reply is being written is refused (a Redis key per session marks the
+reply in progress, so this holds across tabs and server processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.contrib.sessions.backends.db import SessionStore
+
+from counselor_engine import safety
+from counselor_engine.backends import BackendError
+from counselor_engine.counselor import (
+    Counselor,
+    DoneEvent,
+    ErrorEvent,
+    SafetyEvent,
+    TokenEvent,
+)
+from webapp.counseling import frames, services
+from webapp.counseling.models import Session, Turn
+from webapp.counseling.runtime import counselor_for, get_backend
+from webapp.learning.models import AdapterVersion
+from webapp.learning.services import NotServable, servable_path
+from webapp.oversight.models import ClientControl
+
+log = logging.getLogger(__name__)
+security_log = logging.getLogger("psyevo.security")
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_BIG = 1009
+CLOSE_POLICY = 1008
+MAX_MSG_ID = 64
+
+
+def session_group(session_id: int) -> str:
+    return f"session.{session_id}"
+
+
+_redis_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def redis_client() -> aioredis.Redis:
+    """One asyncio Redis client per event loop (its connections belong to that loop)."""
+    loop = asyncio.get_running_loop()
+    client = _redis_by_loop.get(loop)
+    if client is None:
+        client = aioredis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=5
+        )
+        _redis_by_loop[loop] = client
+    return client
+
+
+class ReplyLock:
+    """Marks "a reply is being written" for a session, across processes."""
+
+    def __init__(self, session_id: int) -> None:
+        self.key = f"psyevo:reply:{session_id}"
+        self.token = secrets.token_hex(8)
+
+    async def acquire(self) -> bool:
+        ttl = int(settings.PSYEVO_BACKEND_TIMEOUT * 3) + 60
+        return bool(await redis_client().set(self.key, self.token, nx=True, ex=ttl))
+
+    async def release(self) -> None:
+        # Delete only our own mark: after a TTL expiry another writer may own the key.
+        script = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+        await redis_client().eval(script, 1, self.key, self.token)
+
+
+class SessionConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        self.session_id = int(self.scope["url_route"]["kwargs"]["session_id"])
+        if user is None or not user.is_authenticated or not user.is_active:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        self.user = user
+        self.django_session_key = getattr(self.scope.get("session"), "session_key", None)
+        role = await self._role_in_session()
+        if role is None:
+            security_log.warning("denied socket user=%s session=%s", user.username, self.session_id)
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.role = role
+        self.group = session_group(self.session_id)
+        self.recent: deque[float] = deque()
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        self.reauth_task = asyncio.create_task(self._reauth_loop())
+
+    async def disconnect(self, code: int) -> None:
+        task = getattr(self, "reauth_task", None)
+        if task is not None:
+            task.cancel()
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # -- authorization ---------------------------------------------------------------------
+    @database_sync_to_async
+    def _role_in_session(self) -> str | None:
+        """'client' or 'clinician' when this user may use this session's socket."""
+        from webapp.accounts.models import User
+
+        user = User.objects.filter(pk=self.user.pk, is_active=True).first()
+        if user is None:
+            return None
+        if self.django_session_key and not SessionStore().exists(self.django_session_key):
+            return None  # logged out: the Django session row is gone
+        session = Session.objects.filter(pk=self.session_id).first()
+        if session is None:
+            return None
+        if user.role == "client" and services.client_may_open(user, session):
+            return "client"
+        if user.role == "clinician" and services.clinician_may_open(user, session):
+            return "clinician"
+        return None
+
+    async def _reauth_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.WS_REAUTH_SECONDS)
+            if await self._role_in_session() is None:
+                await self.close(code=CLOSE_UNAUTHORIZED)
+                return
+
+    # -- incoming --------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        size = len(text_data.encode()) if text_data is not None else len(bytes_data or b"")
+        if size > settings.WS_MAX_FRAME_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        now = time.monotonic()
+        self.recent.append(now)
+        while self.recent and now - self.recent[0] > settings.WS_RATE_WINDOW_SECONDS:
+            self.recent.popleft()
+        if len(self.recent) > settings.WS_RATE_LIMIT:
+            await self.send(
+                frames.error_frame(-1, "rate_limited", "Too many messages. Please slow down.")
+            )
+            await self.close(code=CLOSE_POLICY)
+            return
+        if text_data is None:
+            await self.send(frames.error_frame(-1, "not_text", "Send text frames only."))
+            return
+        try:
+            data = json.loads(text_data)
+        except ValueError:
+            await self.send(frames.error_frame(-1, "bad_json", "That message could not be read."))
+            return
+        if not isinstance(data, dict):
+            await self.send(frames.error_frame(-1, "bad_json", "That message could not be read."))
+            return
+        role = await self._role_in_session()
+        if role is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        kind = data.get("type", "message")
+        if kind == "resync":
+            await self._resync(data.get("after_seq"))
+        elif kind in ("message", "retry"):
+            await self._on_message(data, retry=kind == "retry")
+        elif kind == "ping":
+            await self.send(frames.status_frame(-1, ""))
+        else:
+            await self.send(frames.error_frame(-1, "unknown_type", "Unknown message type."))
+
+    async def _resync(self, after: Any) -> None:
+        try:
+            after_seq = int(after)
+        except (TypeError, ValueError):
+            after_seq = -1
+        turns, paused = await self._turns_after(after_seq)
+        for turn in turns:
+            await self.send(frames.turn_frame(turn))
+        await self.send(frames.control_frame(-1, paused=paused, clinician_present=False))
+
+    @database_sync_to_async
+    def _turns_after(self, seq: int) -> tuple[list[Turn], bool]:
+        session = Session.objects.get(pk=self.session_id)
+        control = ClientControl.objects.filter(client_id=session.client_id).first()
+        return list(session.turns.filter(seq__gt=seq).order_by("seq")), bool(
+            control and control.ai_paused
+        )
+
+    async def _on_message(self, data: dict[str, Any], *, retry: bool) -> None:
+        text = data.get("text", "")
+        msg_id = data.get("client_msg_id") or ""
+        if not isinstance(msg_id, str) or len(msg_id) > MAX_MSG_ID:
+            await self.send(
+                frames.error_frame(-1, "bad_message_id", "That message could not be read.")
+            )
+            return
+        if retry:
+            text = await self._stored_text(msg_id)
+            if text is None:
+                await self.send(
+                    frames.error_frame(-1, "nothing_to_retry", "There is nothing to retry.")
+                )
+                return
+        problem = self._check_text(text)
+        if problem is not None:
+            await self.send(frames.error_frame(-1, *problem))
+            return
+        if self.role == "clinician":
+            await self._clinician_message(text, msg_id)
+            return
+        lock = ReplyLock(self.session_id)
+        try:
+            acquired = await lock.acquire()
+        except Exception as exc:
+            log.warning("reply lock unavailable (Redis): %s", exc)
+            acquired = (
+                True  # Redis down must not block a client in distress; one socket still serialises
+            )
+            lock = None  # type: ignore[assignment]
+        if not acquired:
+            await self.send(
+                frames.error_frame(
+                    -1, "busy", "Please wait until the counselor's reply is finished."
+                )
+            )
+            return
+        try:
+            await self._client_message(text, msg_id)
+        finally:
+            if lock is not None:
+                try:
+                    await lock.release()
+                except Exception as exc:
+                    log.warning("could not release reply lock: %s", exc)
+
+    def _check_text(self, text: Any) -> tuple[str, str] | None:
+        if not isinstance(text, str):
+            return ("not_text", "Messages must be text.")
+        if not text.strip():
+            return ("empty_message", "Write something before sending.")
+        if len(text) > settings.PSYEVO_MAX_MESSAGE_CHARS:
+            return (
+                "too_long",
+                f"Messages are limited to {settings.PSYEVO_MAX_MESSAGE_CHARS} characters.",
+            )
+        return None
+
+    @database_sync_to_async
+    def _stored_text(self, msg_id: str) -> str | None:
+        if not msg_id:
+            return None
+        turn = Turn.objects.filter(
+            session_id=self.session_id, client_msg_id=msg_id, role="client"
+        ).first()
+        return None if turn is None else turn.text
+
+    async def _clinician_message(self, text: str, msg_id: str) -> None:
+        turn, created = await database_sync_to_async(services.append_turn)(
+            self.session_id,
+            Turn.Role.CLINICIAN,
+            text.strip(),
+            author=self.user,
+            client_msg_id=msg_id,
+        )
+        if created:
+            await self._broadcast(frames.turn_frame(turn))
+
+    async def _client_message(self, text: str, msg_id: str) -> None:
+        try:
+            turn, created = await database_sync_to_async(services.append_turn)(
+                self.session_id,
+                Turn.Role.CLIENT,
+                text.strip(),
+                author=self.user,
+                client_msg_id=msg_id,
+            )
+        except services.SessionError as exc:
+            await self.send(frames.error_frame(-1, exc.code, exc.message))
+            return
+        if created:
+            await self._broadcast(frames.turn_frame(turn))
+        elif await self._already_answered(turn):
+            return  # a resend of a message that already has its reply
+        # Safety first: a crisis gets the fixed safe reply and an alert whatever the state
+        # of the model, the adapter files or the AI pause.
+        crisis = safety.assess(turn.text).level == "crisis"
+        counselor, paused, version = await self._build_counselor(turn)
+        if paused and not crisis:
+            await self._broadcast(
+                frames.control_frame(turn.seq, paused=True, clinician_present=True)
+            )
+            return
+        if version is not None and not crisis:
+            try:
+                path = await database_sync_to_async(servable_path)(version)
+            except NotServable as exc:
+                # Never fall back silently: the session is pinned to a version a clinician
+                # approved, and files that no longer match it must not serve anyone.
+                log.critical("session %s: adapter refused: %s", self.session_id, exc)
+                await self.send(
+                    frames.error_frame(
+                        turn.seq,
+                        "adapter_refused",
+                        "The counselor is unavailable right now. Your message is kept.",
+                        retry_msg_id=msg_id,
+                    )
+                )
+                return
+            try:
+                await get_backend().load_adapter(version.name, str(path))
+            except BackendError as exc:
+                # The engine then answers with an error event and a retry.
+                log.warning("session %s: cannot load %s: %s", self.session_id, version.name, exc)
+        reply_seq = turn.seq + 1
+        await self._broadcast(
+            frames.pending_frame(reply_seq)
+            + frames.status_frame(reply_seq, "The counselor is writing…", busy=True)
+        )
+        try:
+            await self._relay(counselor, turn, reply_seq, msg_id)
+        except Exception:
+            # Never let an engine bug kill the socket: the client turn is stored, so the
+            # page offers a retry, and the traceback goes to the log, not the page.
+            log.exception("reply to turn %s of session %s failed", turn.seq, self.session_id)
+            await self._broadcast(
+                '<div id="pending" hx-swap-oob="innerHTML"></div>'
+                + frames.error_frame(
+                    reply_seq,
+                    "internal_error",
+                    "Something went wrong. Try again.",
+                    retry_msg_id=msg_id,
+                )
+            )
+
+    async def _relay(self, counselor: Counselor, turn: Turn, reply_seq: int, msg_id: str) -> None:
+        """Forward engine events to every tab of the session; commit what must persist."""
+        tokens = 0
+        async for event in counselor.respond(turn.text):
+            if isinstance(event, SafetyEvent):
+                await database_sync_to_async(services.record_crisis)(
+                    self.session_id, turn, event.assessment
+                )
+            elif isinstance(event, TokenEvent):
+                await self._broadcast(frames.token_frame(reply_seq, tokens, event.text))
+                tokens += 1
+            elif isinstance(event, ErrorEvent):
+                retry = msg_id if event.retryable else ""
+                await self._broadcast(
+                    '<div id="pending" hx-swap-oob="innerHTML"></div>'
+                    + frames.error_frame(reply_seq, event.code, event.message, retry_msg_id=retry)
+                )
+                return
+            elif isinstance(event, DoneEvent):
+                stored = await database_sync_to_async(services.record_counselor_turn)(
+                    self.session_id,
+                    event.reply,
+                    decision=event.decision,
+                    group=event.group,
+                    safety_level=event.safety_level,
+                )
+                await self._broadcast(
+                    frames.turn_frame(stored) + frames.status_frame(stored.seq, "")
+                )
+
+    @database_sync_to_async
+    def _already_answered(self, turn: Turn) -> bool:
+        return (
+            Turn.objects.filter(session_id=turn.session_id, seq__gt=turn.seq)
+            .exclude(role="client")
+            .exists()
+        )
+
+    @database_sync_to_async
+    def _build_counselor(self, turn: Turn) -> tuple[Counselor, bool, AdapterVersion | None]:
+        """Rebuild the engine for this session from storage (stateless across servers).
+
+        Returns the counselor, whether the AI is paused for this client, and the adapter
+        version the session pinned (its files are verified before it is loaded)."""
+        counselor, session = counselor_for(self.session_id, turn.seq)
+        control = ClientControl.objects.filter(client_id=session.client_id).first()
+        version = session.adapter_version
+        return counselor, bool(control and control.ai_paused), version
+
+    async def _broadcast(self, frame: str) -> None:
+        await self.channel_layer.group_send(self.group, {"type": "chat.frame", "html": frame})
+
+    async def chat_frame(self, event: dict[str, Any]) -> None:
+        await self.send(event["html"])
+
+    async def chat_close(self, event: dict[str, Any]) -> None:
+        """Sent by the session-end view so every open tab learns the session is over."""
+        await self.send(event.get("html", ""))
+        await self.close(code=1000)

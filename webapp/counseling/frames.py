@@ -1,0 +1,66 @@
+"""HTML frames for the chat socket (htmx ws extension swaps them out-of-band by id).
+
+Every frame carries a sequence number (``data-seq``): the transcript seq of the turn it
+shows or builds. Model output is untrusted text: everything is escaped here.
+"""
+
+from __future__ import annotations
+
+from django.template.loader import render_to_string
+from django.utils.html import escape
+
+from webapp.counseling.models import Turn
+
+
+def turn_frame(turn: Turn) -> str:
+    body = render_to_string("counseling/_turn.html", {"turn": turn})
+    clear = (
+        '<div id="pending" hx-swap-oob="innerHTML"></div>' if turn.role != Turn.Role.CLIENT else ""
+    )
+    return f'<div id="transcript" hx-swap-oob="beforeend" data-seq="{turn.seq}">{body}</div>{clear}'
+
+
+def pending_frame(seq: int) -> str:
+    return (
+        f'<div id="pending" hx-swap-oob="innerHTML" data-seq="{seq}">'
+        f'<article class="turn turn-counselor pending" aria-busy="true">'
+        f'<h3 class="speaker">Counselor (AI)</h3><p id="pending-text" data-seq="{seq}"></p></article></div>'
+    )
+
+
+def token_frame(seq: int, index: int, text: str) -> str:
+    return (
+        f'<span id="pending-text" hx-swap-oob="beforeend" data-seq="{seq}" data-frame="{index}">'
+        f"{escape(text)}</span>"
+    )
+
+
+def status_frame(seq: int, text: str, *, busy: bool = False) -> str:
+    return (
+        f'<div id="status" hx-swap-oob="innerHTML" data-seq="{seq}">'
+        f'<p class="status{" busy" if busy else ""}">{escape(text)}</p></div>'
+    )
+
+
+def error_frame(seq: int, code: str, message: str, *, retry_msg_id: str = "") -> str:
+    retry = ""
+    if retry_msg_id:
+        retry = (
+            f'<form ws-send class="retry"><input type="hidden" name="type" value="retry">'
+            f'<input type="hidden" name="client_msg_id" value="{escape(retry_msg_id)}">'
+            f'<button type="submit">Try again</button></form>'
+        )
+    return (
+        f'<div id="status" hx-swap-oob="innerHTML" data-seq="{seq}">'
+        f'<p class="error" role="alert" data-code="{escape(code)}">{escape(message)}</p>{retry}</div>'
+    )
+
+
+def control_frame(seq: int, *, paused: bool, clinician_present: bool) -> str:
+    if paused:
+        text = "Your clinician has paused the AI counselor and will reply to you here."
+    elif clinician_present:
+        text = "Your clinician has joined this session."
+    else:
+        text = ""
+    return f'<div id="control" hx-swap-oob="innerHTML" data-seq="{seq}">{escape(text)}</div>'

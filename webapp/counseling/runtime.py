@@ -1,0 +1,160 @@
+"""The engine inside a web process: one model backend per process, loaded lazily.
+
+Nothing here holds session state: a :class:`~counselor_engine.counselor.Counselor` is
+rebuilt from PostgreSQL for every message, so any server process can serve any socket
+(see docs on scaling). The model is the only per-process state, and it is loaded on
+first use in a worker thread, so a crisis message never waits for (or needs) it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+
+from counselor_engine.backends import Backend, BackendError, make_backend
+from counselor_engine.backends.base import GenerationParams, Prompt, StreamEvent
+from counselor_engine.counselor import Counselor, CounselorConfig, stable_seed
+from counselor_engine.skills import PriorTable
+from webapp.counseling.models import Session
+
+log = logging.getLogger(__name__)
+
+
+class LazyBackend:
+    """A :class:`Backend` that builds the real one on first use (in a thread).
+
+    A failure to build is not cached: the next call tries again, so an operator can fix
+    the model path or start the vLLM server without restarting the web process.
+    """
+
+    name = "lazy"
+
+    def __init__(self, factory: Any) -> None:
+        self._factory = factory
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+
+    def _build(self) -> Backend:
+        with self._lock:
+            if self._backend is None:
+                try:
+                    self._backend = self._factory()
+                except BackendError:
+                    raise
+                except Exception as exc:  # a model that cannot load is a backend failure
+                    raise BackendError(f"cannot start the model backend: {exc}") from exc
+            return self._backend
+
+    async def get(self) -> Backend:
+        if self._backend is not None:
+            return self._backend
+        return await asyncio.to_thread(self._build)
+
+    async def generate(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
+    ) -> list[str]:
+        return await (await self.get()).generate(prompt, n=n, params=params, adapter=adapter)
+
+    async def generate_stream(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        backend = await self.get()
+        async for event in backend.generate_stream(prompt, n=n, params=params, adapter=adapter):
+            yield event
+
+    async def choice_probabilities(
+        self, prompts: Sequence[Prompt], choices: Sequence[str], *, adapter: str | None = None
+    ) -> list[list[float]]:
+        return await (await self.get()).choice_probabilities(prompts, choices, adapter=adapter)
+
+    async def sequence_logprobs(
+        self, prompts: Sequence[Prompt], responses: Sequence[str], *, adapter: str | None = None
+    ) -> list[float]:
+        return await (await self.get()).sequence_logprobs(prompts, responses, adapter=adapter)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await (await self.get()).load_adapter(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        await (await self.get()).unload_adapter(name)
+
+
+def _build_backend() -> Backend:
+    if settings.PSYEVO_BACKEND == "vllm":
+        if not settings.PSYEVO_VLLM_URL:
+            raise BackendError("PSYEVO_BACKEND=vllm needs PSYEVO_VLLM_URL")
+        return make_backend(
+            "vllm", base_url=settings.PSYEVO_VLLM_URL, model=settings.PSYEVO_VLLM_MODEL
+        )
+    from counselor_engine.models import resolve_model_path
+
+    path = settings.PSYEVO_MODEL_PATH or str(resolve_model_path(progress=log.info))
+    return make_backend("transformers", model_path=path)
+
+
+_backend: LazyBackend | None = None
+_backend_lock = threading.Lock()
+
+
+def get_backend() -> LazyBackend:
+    """The process-wide backend (built on first use)."""
+    global _backend
+    with _backend_lock:
+        if _backend is None:
+            _backend = LazyBackend(_build_backend)
+        return _backend
+
+
+def reset_backend() -> None:
+    """Forget the process backend (tests switch models; operators after a config change)."""
+    global _backend
+    with _backend_lock:
+        _backend = None
+
+
+@cache
+def prior_table() -> PriorTable:
+    return PriorTable.load_default()
+
+
+def counselor_config(*, mode: str, seed: int) -> CounselorConfig:
+    """The product's engine settings; the seed makes a turn reproducible from storage."""
+    return CounselorConfig(
+        n_candidates=settings.PSYEVO_CANDIDATES,
+        mode=mode,  # type: ignore[arg-type]
+        generation=GenerationParams(
+            max_new_tokens=settings.PSYEVO_MAX_NEW_TOKENS,
+            temperature=settings.PSYEVO_TEMPERATURE,
+            top_p=0.95,
+        ),
+        turn_budget=settings.PSYEVO_TURN_BUDGET,
+        max_message_chars=settings.PSYEVO_MAX_MESSAGE_CHARS,
+        backend_timeout_s=settings.PSYEVO_BACKEND_TIMEOUT,
+        safety_locale=settings.PSYEVO_SAFETY_LOCALE,
+        beta=settings.LIPO["beta"],
+        seed=seed,
+    )
+
+
+def counselor_for(session_id: int, seed_key: object) -> tuple[Counselor, Session]:
+    """Rebuild the engine for a session from PostgreSQL (any process can serve it).
+
+    ``seed_key`` makes the turn reproducible: the same session and key give the same
+    skill draw and sampling seed."""
+    from webapp.counseling import services
+
+    session = Session.objects.select_related("course", "client", "adapter_version").get(
+        pk=session_id
+    )
+    config = counselor_config(mode=session.mode, seed=stable_seed(session.pk, seed_key))
+    counselor = Counselor(get_backend(), prior=prior_table(), config=config)
+    version = session.adapter_version
+    counselor.start_session(services.client_state(session), version.name if version else None)
+    counselor.restore_turns(services.stored_turns(session).records)
+    return counselor, session

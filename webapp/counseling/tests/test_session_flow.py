@@ -1,0 +1,178 @@
+"""Starting, ending and rating sessions over HTTP, and what the session end persists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.urls import reverse
+
+from webapp.accounts.tests.factories import ClientProfileFactory, grant_all_consents
+from webapp.counseling import services
+from webapp.counseling.models import Session, Turn
+from webapp.counseling.tests.helpers import connect, frames_until
+from webapp.learning.models import LearningScope, PosteriorCell, PosteriorUpdate
+from webapp.memory.models import MemoryItem
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_thread_db_connections"),
+]
+RATING = {"relationship": "8", "goals_and_topics": "7", "approach": "9", "overall": "8.5"}
+
+
+def consenting_client():  # type: ignore[no-untyped-def]
+    profile = ClientProfileFactory(modality="het")
+    grant_all_consents(profile)
+    return profile
+
+
+def test_it_needs_counseling_consent_to_start(client):  # type: ignore[no-untyped-def]
+    profile = ClientProfileFactory()
+    client.force_login(profile.user)
+    response = client.post(reverse("start_session"), follow=True)
+    assert "agree to counseling" in response.content.decode()
+    assert not Session.objects.filter(client=profile.user).exists()
+
+
+def test_it_starts_and_resumes_one_session(client):  # type: ignore[no-untyped-def]
+    profile = consenting_client()
+    client.force_login(profile.user)
+    first = client.post(reverse("start_session"))
+    second = client.post(reverse("start_session"))
+    assert first["Location"] == second["Location"]
+    session = Session.objects.get(client=profile.user)
+    assert session.index == 0 and session.status == "open" and session.adapter_version is None
+    page = client.get(first["Location"]).content.decode()
+    assert "You are talking with an AI counselor" in page
+    assert '<label for="message">Message</label>' in page and ">Send</button>" in page
+    assert f'ws-connect="/ws/sessions/{session.pk}/"' in page
+
+
+def test_another_clients_session_is_404_and_logged(client, caplog):  # type: ignore[no-untyped-def]
+    owner = consenting_client()
+    session = services.start_session(owner.user)
+    client.force_login(consenting_client().user)
+    with caplog.at_level("WARNING", logger="psyevo.security"):
+        assert client.get(reverse("chat", args=[session.pk])).status_code == 404
+        assert client.post(reverse("end_session", args=[session.pk]), RATING).status_code == 404
+    assert sum("not theirs" in r.getMessage() for r in caplog.records) == 2
+
+
+async def talk(session: Session, user, texts: list[str]) -> None:  # type: ignore[no-untyped-def]
+    comm, connected, _, _ = await connect(f"/ws/sessions/{session.pk}/", user)
+    assert connected
+    for i, text in enumerate(texts):
+        await comm.send_to(
+            text_data=json.dumps({"type": "message", "text": text, "client_msg_id": f"m{i}"})
+        )
+        await frames_until(comm, r'class="turn turn-counselor"')
+    await comm.disconnect()
+
+
+async def test_ending_with_a_rating_persists_credit_posteriors_memory_and_schedule(
+    tiny_engine, async_client
+):  # type: ignore[no-untyped-def]
+    profile = await sync_to_async(consenting_client)()
+    session = await sync_to_async(services.start_session)(profile.user)
+    await talk(session, profile.user, ["I feel lonely since I moved", "I don't know anyone here"])
+    await sync_to_async(async_client.force_login)(profile.user)
+    response = await async_client.post(reverse("end_session", args=[session.pk]), RATING)
+    assert response.status_code == 302 and response["Location"] == reverse("my_sessions")
+    await sync_to_async(session.refresh_from_db)()
+    assert session.status == "ended" and session.rated
+    assert session.rating == {
+        "relationship": 8.0,
+        "goals_and_topics": 7.0,
+        "approach": 9.0,
+        "overall": 8.5,
+    }
+    assert 0.0 <= session.session_reward <= 1.0
+    assert len(session.outcome["credit"]) == 2
+    updates = await sync_to_async(list)(
+        PosteriorUpdate.objects.filter(session=session).select_related("cell")
+    )
+    skills = await sync_to_async(list)(
+        Turn.objects.filter(session=session, role="counselor").values_list("state_slot", "skill")
+    )
+    assert {(u.cell.state_slot, u.cell.skill) for u in updates} == set(skills)
+    assert [u.credit for u in sorted(updates, key=lambda u: u.turn_id)] == pytest.approx(
+        session.outcome["credit"]
+    )
+    cells = await sync_to_async(PosteriorCell.objects.filter(client=profile.user).count)()
+    assert cells == len(set(skills))
+    recap = await sync_to_async(list)(
+        MemoryItem.objects.filter(client=profile.user, source_session=session)
+    )
+    assert recap and all(m.origin == "counselor" for m in recap)
+    scope = await sync_to_async(LearningScope.objects.get)(name="default")
+    assert scope.completed_sessions == 1
+
+
+async def test_ending_without_rating_is_recorded(tiny_engine, async_client):  # type: ignore[no-untyped-def]
+    profile = await sync_to_async(consenting_client)()
+    session = await sync_to_async(services.start_session)(profile.user)
+    await talk(session, profile.user, ["hello"])
+    await sync_to_async(async_client.force_login)(profile.user)
+    response = await async_client.post(reverse("end_session", args=[session.pk]), {"skip": "on"})
+    assert response.status_code == 302
+    await sync_to_async(session.refresh_from_db)()
+    assert session.status == "ended" and not session.rated and session.rating is None
+
+
+def test_an_incomplete_rating_is_refused_and_the_session_stays_open(client):  # type: ignore[no-untyped-def]
+    profile = consenting_client()
+    session = services.start_session(profile.user)
+    client.force_login(profile.user)
+    response = client.post(reverse("end_session", args=[session.pk]), {"overall": "5"})
+    assert response.status_code == 400
+    assert "Rate all four items" in response.content.decode()
+    session.refresh_from_db()
+    assert session.status == "open"
+
+
+def test_the_client_reads_and_corrects_memory_keeping_its_source(client):  # type: ignore[no-untyped-def]
+    profile = consenting_client()
+    session = services.start_session(profile.user)
+    item = MemoryItem.objects.create(
+        client=profile.user,
+        kind="fact",
+        text="Works night shifts",
+        origin="counselor",
+        source_session=session,
+        source_turn=3,
+    )
+    client.force_login(profile.user)
+    assert "Works night shifts" in client.get(reverse("my_memory")).content.decode()
+    client.post(reverse("correct_memory", args=[item.pk]), {"text": "Works day shifts since May"})
+    new = MemoryItem.objects.get(supersedes=item)
+    assert (new.text, new.origin, new.source_session_id, new.source_turn) == (
+        "Works day shifts since May",
+        "client",
+        session.pk,
+        3,
+    )
+    page = client.get(reverse("my_memory")).content.decode()
+    assert "Works day shifts since May" in page and "Works night shifts" not in page
+    item.refresh_from_db()
+    assert item.text == "Works night shifts"  # the old text is kept, never overwritten
+    response = client.post(
+        reverse("correct_memory", args=[item.pk]), {"text": "again"}, follow=True
+    )
+    assert "already corrected" in response.content.decode()
+    response = client.post(reverse("correct_memory", args=[new.pk]), {"text": "   "}, follow=True)
+    assert "must not be empty" in response.content.decode()
+
+
+def test_a_client_cannot_correct_someone_elses_memory(client):  # type: ignore[no-untyped-def]
+    other = consenting_client()
+    item = MemoryItem.objects.create(
+        client=other.user, kind="fact", text="private", origin="counselor"
+    )
+    client.force_login(consenting_client().user)
+    response = client.post(
+        reverse("correct_memory", args=[item.pk]), {"text": "hacked"}, follow=True
+    )
+    assert "No such memory" in response.content.decode()
+    assert not MemoryItem.objects.filter(supersedes=item).exists()

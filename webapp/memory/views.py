@@ -1,0 +1,29 @@
+"""The client's "What I remember" page: read and correct what the counselor keeps."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from webapp.accounts.access import role_required
+from webapp.accounts.models import Role
+from webapp.memory import services
+
+
+@role_required(Role.CLIENT)
+def my_memory(request: HttpRequest) -> HttpResponse:
+    return render(request, "memory/my_memory.html", {"items": services.active_items(request.user)})
+
+
+@role_required(Role.CLIENT)
+@require_POST
+def correct(request: HttpRequest, pk: int) -> HttpResponse:
+    try:
+        services.correct(pk, request.POST.get("text", ""), by=request.user, client=request.user)
+    except services.MemoryError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Thank you, the counselor will remember the corrected version.")
+    return redirect("my_memory")

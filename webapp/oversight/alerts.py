@@ -1,0 +1,77 @@
+"""Crisis and concern flags: stored, pushed live to the clinician, emailed via an outbox.
+
+The live push goes through the channel layer to the clinician's notification socket
+(any server process); the email goes through an outbox row that a Celery task drains,
+so a down mail server or worker delays the email but never loses it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from counselor_engine.safety import SafetyAssessment
+from webapp.accounts.consumers import user_group
+from webapp.accounts.models import ClientProfile
+from webapp.counseling.models import Session, Turn
+from webapp.oversight.models import AlertOutbox, SafetyFlag
+
+log = logging.getLogger(__name__)
+
+
+def notify_user(user_id: int, payload: dict[str, object]) -> None:
+    """Push a JSON payload to every open page of one user, on any server process."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(
+            user_group(user_id), {"type": "notify", "payload": payload}
+        )
+    except Exception as exc:  # Redis down: the flag and outbox row still exist
+        log.warning("live notification to user %s failed: %s", user_id, exc)
+
+
+def raise_flag(session_id: int, turn: Turn, assessment: SafetyAssessment) -> SafetyFlag:
+    with transaction.atomic():
+        session = Session.objects.select_related("client").get(pk=session_id)
+        flag = SafetyFlag.objects.create(
+            client=session.client,
+            session=session,
+            turn=turn,
+            level=assessment.level,
+            categories=list(assessment.categories),
+            matched=list(assessment.matched),
+        )
+        profile = (
+            ClientProfile.objects.filter(user=session.client).select_related("clinician").first()
+        )
+        clinician = profile.clinician if profile else None
+        if clinician is not None:
+            if assessment.level == "crisis":
+                AlertOutbox.objects.create(flag=flag, recipient=clinician)
+            payload = {
+                "kind": "safety_flag",
+                "flag": flag.pk,
+                "level": flag.level,
+                "client": session.client.username,
+                "session": session.pk,
+                "categories": flag.categories,
+            }
+            transaction.on_commit(lambda: notify_user(clinician.pk, payload))
+        else:
+            log.error(
+                "safety flag %s for client %s has no assigned clinician", flag.pk, session.client_id
+            )
+        if assessment.level == "crisis":
+            transaction.on_commit(_queue_delivery)
+        return flag
+
+
+def _queue_delivery() -> None:
+    from webapp.oversight.tasks import deliver_alerts
+
+    try:
+        deliver_alerts.delay()
+    except Exception as exc:  # broker down: the outbox row waits for the next drain
+        log.warning("could not queue alert delivery: %s", exc)

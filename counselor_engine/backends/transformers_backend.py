@@ -1,0 +1,597 @@
+"""In-process backend on transformers: the CPU default (SmolLM2-135M-Instruct) and any local
+model folder.
+
+Prompts are rendered with the model's own chat template (``add_generation_prompt=True``).
+The backend never inserts a system message: callers always send their own, because some
+templates (SmolLM2's among them) silently add a default one when it is missing.
+
+Blocking torch work runs in a worker thread (``asyncio.to_thread``) behind a gate that
+admits ``max_concurrency`` calls at once, but only calls that agree on the adapter: the
+active peft adapter is state of the one shared model, so a call for another adapter
+waits until the model is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteria
+from transformers.generation.streamers import BaseStreamer
+
+from .base import (
+    Backend,
+    BackendError,
+    GenerationParams,
+    Prompt,
+    StreamDelta,
+    StreamDone,
+    StreamEvent,
+)
+
+__all__ = [
+    "IncrementalDecoder",
+    "TransformersBackend",
+    "encode_pairs",
+    "render_prompt",
+    "response_logprobs",
+]
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt) -> str:
+    """The chat template applied to ``prompt``, ending with the assistant header."""
+    messages = [{"role": m.role, "content": m.content} for m in prompt]
+    return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+def encode_pairs(
+    tokenizer: Any,
+    prompts_text: Sequence[str],
+    responses_text: Sequence[str],
+    *,
+    max_length: int,
+    append_eos: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids, attention mask and response mask for (rendered prompt, response) pairs.
+
+    Prompt and response are tokenized separately and concatenated as ids, so the boundary
+    is exact whatever the tokenizer would merge across it. With ``append_eos`` the
+    response ends with the EOS token: a preference over replies includes where they stop.
+    Too long: the prompt loses tokens from its start (the recent context matters most),
+    then the response is cut at its end. Rows are right-padded.
+    """
+    if len(prompts_text) != len(responses_text):
+        raise ValueError("prompts_text and responses_text differ in length")
+    eos = tokenizer.eos_token_id
+    rows: list[tuple[list[int], list[int]]] = []
+    for prompt, response in zip(prompts_text, responses_text, strict=True):
+        p_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        r_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
+        if append_eos and eos is not None:
+            r_ids.append(int(eos))
+        r_ids = r_ids[:max_length]
+        keep = max_length - len(r_ids)
+        p_ids = p_ids[len(p_ids) - keep :] if keep > 0 else []
+        rows.append((p_ids, r_ids))
+    width = max((len(p) + len(r) for p, r in rows), default=0)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
+    input_ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    response_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (p_ids, r_ids) in enumerate(rows):
+        ids = p_ids + r_ids
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[i, : len(ids)] = 1
+        response_mask[i, len(p_ids) : len(ids)] = True
+    return input_ids, attention, response_mask
+
+
+def response_logprobs(
+    model: Any,
+    tokenizer: Any,
+    prompts_text: Sequence[str],
+    responses_text: Sequence[str],
+    *,
+    max_length: int,
+    append_eos: bool = True,
+) -> torch.Tensor:
+    """Sum of log p(response token | everything before it), per pair: shape ``[batch]``.
+
+    Differentiable (no ``no_grad`` here): the LiPO trainer calls it with the adapter
+    enabled for the policy and under ``model.disable_adapter()`` for the reference.
+    ``prompts_text`` are already-rendered prompts (see :func:`render_prompt`). The
+    response mask is explicit: prompt and padding positions contribute exactly zero.
+    """
+    input_ids, attention, response_mask = encode_pairs(
+        tokenizer, prompts_text, responses_text, max_length=max_length, append_eos=append_eos
+    )
+    device = next(model.parameters()).device
+    input_ids, attention, response_mask = (
+        input_ids.to(device),
+        attention.to(device),
+        response_mask.to(device),
+    )
+    logits = model(input_ids=input_ids, attention_mask=attention).logits
+    # Position t predicts token t+1: shift, then keep only the response targets. Selecting
+    # rows before log_softmax keeps memory at [response tokens, vocab], not [B, T, vocab].
+    targets = input_ids[:, 1:]
+    mask = response_mask[:, 1:]
+    picked = logits[:, :-1][mask].float()
+    token_lp = torch.log_softmax(picked, dim=-1).gather(-1, targets[mask].unsqueeze(-1))
+    rows = torch.arange(input_ids.shape[0], device=device).unsqueeze(1).expand_as(mask)[mask]
+    out = torch.zeros(input_ids.shape[0], dtype=token_lp.dtype, device=device)
+    return out.index_add(0, rows, token_lp.squeeze(-1))
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into stable text deltas.
+
+    Decoding token by token splits multi-byte characters (byte-level BPE) into replacement
+    characters that later resolve; we re-decode the whole sequence and emit only text that
+    can no longer change: never a trailing U+FFFD, and only while the new decoding still
+    starts with what was already emitted. ``finish`` flushes the rest, so the deltas always
+    add up to the final decoding.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self.emitted = ""
+
+    def _decode(self) -> str:
+        return str(self._tokenizer.decode(self._ids, skip_special_tokens=True))
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        stable = self._decode().rstrip("\ufffd")
+        if len(stable) <= len(self.emitted) or not stable.startswith(self.emitted):
+            return ""
+        delta = stable[len(self.emitted) :]
+        self.emitted = stable
+        return delta
+
+    def finish(self) -> str:
+        text = self._decode()
+        if not text.startswith(self.emitted):  # a decoder that rewrote its past: cannot undo
+            return ""
+        delta = text[len(self.emitted) :]
+        self.emitted = text
+        return delta
+
+
+class _RowZeroStreamer(BaseStreamer):
+    """Receives the batch's new token ids each step from ``generate`` and forwards stable
+    text of row 0 (candidate 0) through ``on_text``. The first ``put`` is the prompt."""
+
+    def __init__(self, tokenizer: Any, eos_ids: set[int], on_text: Callable[[str], None]):
+        self._decoder = IncrementalDecoder(tokenizer)
+        self._eos_ids = eos_ids
+        self._on_text = on_text
+        self._prompt_seen = False
+        self._finished = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        if self._finished:
+            return
+        tokens = value[0].tolist() if value.dim() > 1 else value.reshape(-1)[:1].tolist()
+        for token in tokens:
+            if token in self._eos_ids:
+                # Row 0 is done; later steps only carry padding for it.
+                self._finished = True
+                return
+            if delta := self._decoder.push(int(token)):
+                self._on_text(delta)
+
+    def end(self) -> None:
+        if delta := self._decoder.finish():
+            self._on_text(delta)
+
+
+class _Cancelled(StoppingCriteria):
+    """Stops ``generate`` early once the stream's consumer has gone away."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self._event = event
+
+    def __call__(
+        self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self._event.is_set(), dtype=torch.bool)
+
+
+class _ModelGate:
+    """Admits up to ``limit`` concurrent calls that share one adapter state (``key``);
+    ``exclusive`` calls (seeded sampling, adapter loading) run alone."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._active = 0
+        self._key: object = None
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def hold(self, key: object, *, exclusive: bool = False) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self._active == 0
+                    or (
+                        not exclusive
+                        and not self._exclusive
+                        and self._active < self._limit
+                        and self._key == key
+                    )
+                )
+            )
+            self._active += 1
+            self._key = key
+            self._exclusive = exclusive
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if self._active == 0:
+                    self._exclusive = False
+                self._cond.notify_all()
+
+
+_ALL_ADAPTERS = object()  # gate key for adapter loading: must not share the model with anyone
+_UNKNOWN = object()  # adapter state after loading/unloading: set it again before use
+
+
+class TransformersBackend(Backend):
+    """The in-process backend. See the module docstring for threading and prompts."""
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_concurrency: int = 1,
+        num_threads: int | None = None,
+    ) -> None:
+        # torch's intra-op thread count is process-wide; None leaves it alone. On a small
+        # shared CPU (web server + worker + this) fewer threads than cores can be much
+        # faster: a busy core stalls every parallel region of a multi-threaded forward.
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.model_path = Path(model_path)
+        self._device = torch.device(device)
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+            base: Any = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot load model from {self.model_path}: {exc}") from exc
+        if self._tokenizer.pad_token_id is None:
+            self._tokenizer.pad_token = self._tokenizer.eos_token
+        self._model: Any = base.to(self._device).eval()
+        self._eos_ids = self._collect_eos_ids()
+        self._adapters: dict[str, str] = {}  # name -> path
+        self._gate = _ModelGate(max_concurrency)
+        self._state_lock = threading.Lock()
+        self._state: object = _UNKNOWN  # adapter the model is currently set up for
+
+    # -- public helpers -------------------------------------------------------------------
+
+    @property
+    def model(self) -> Any:
+        """The underlying (possibly peft-wrapped) model, e.g. for the trainer."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Loaded adapters, name -> path."""
+        return dict(self._adapters)
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    async def generate(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
+    ) -> list[str]:
+        self._check_adapter(adapter)
+        return await asyncio.to_thread(self._generate_blocking, prompt, n, params, adapter, None)
+
+    async def generate_stream(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """See :meth:`Backend.generate_stream`. Closing the generator early (``aclose``,
+        or ``contextlib.aclosing``) stops the generation at its next step and returns
+        once it has stopped."""
+        self._check_adapter(adapter)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def emit(item: StreamEvent | BaseException) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            streamer = _RowZeroStreamer(
+                self._tokenizer, self._eos_ids, lambda text: emit(StreamDelta(0, text))
+            )
+            try:
+                texts = self._generate_blocking(prompt, n, params, adapter, (streamer, cancel))
+                emit(StreamDone(texts))
+            except BaseException as exc:  # forwarded to the consumer, re-raised there
+                emit(exc)
+
+        worker = asyncio.ensure_future(asyncio.to_thread(work))
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, StreamDone):
+                    return
+        finally:
+            # A consumer that stops early ends the generation at its next step; waiting
+            # for that means the model is free again once aclose() returns.
+            cancel.set()
+            await worker  # never raises: work() forwards its errors through the queue
+
+    async def choice_probabilities(
+        self, prompts: Sequence[Prompt], choices: Sequence[str], *, adapter: str | None = None
+    ) -> list[list[float]]:
+        self._check_adapter(adapter)
+        choice_ids = self._choice_token_ids(choices)
+        if not prompts:
+            return []
+        return await asyncio.to_thread(self._choice_blocking, list(prompts), choice_ids, adapter)
+
+    async def sequence_logprobs(
+        self, prompts: Sequence[Prompt], responses: Sequence[str], *, adapter: str | None = None
+    ) -> list[float]:
+        self._check_adapter(adapter)
+        if len(prompts) != len(responses):
+            raise ValueError("prompts and responses differ in length")
+        if not prompts:
+            return []
+        return await asyncio.to_thread(
+            self._logprobs_blocking, list(prompts), list(responses), adapter
+        )
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await asyncio.to_thread(self._load_adapter_blocking, name, str(path))
+
+    async def unload_adapter(self, name: str) -> None:
+        await asyncio.to_thread(self._unload_adapter_blocking, name)
+
+    # -- blocking work (worker threads) -------------------------------------------------
+
+    def _generate_blocking(
+        self,
+        prompt: Prompt,
+        n: int,
+        params: GenerationParams,
+        adapter: str | None,
+        stream: tuple[_RowZeroStreamer, threading.Event] | None,
+    ) -> list[str]:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        enc = self._tokenizer(render_prompt(self._tokenizer, prompt), add_special_tokens=False)
+        input_ids = torch.tensor([enc["input_ids"]], dtype=torch.long, device=self._device)
+        sample = params.temperature > 0
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "max_new_tokens": params.max_new_tokens,
+            "do_sample": sample,
+            # Greedy decoding gives n identical rows: compute one, copy it.
+            "num_return_sequences": n if sample else 1,
+            "pad_token_id": self._tokenizer.pad_token_id,
+            "eos_token_id": sorted(self._eos_ids),
+        }
+        if sample:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        if stream is not None:
+            kwargs["streamer"] = stream[0]
+            kwargs["stopping_criteria"] = [_Cancelled(stream[1])]
+        # A seeded call must not interleave with other sampling on the global torch RNG.
+        with (
+            self._use(adapter, exclusive=params.seed is not None),
+            self._seeded(params.seed),
+            torch.inference_mode(),
+        ):
+            if kwargs["num_return_sequences"] > 1 and input_ids.shape[1] > 1:
+                kwargs["cache"] = self._call_torch(self._shared_prefix, input_ids, n)
+            out = self._call_torch(self._model.generate, **kwargs)
+        texts = [self._decode_new(row[input_ids.shape[1] :]) for row in out]
+        return texts if sample else texts * n
+
+    def _shared_prefix(self, input_ids: torch.Tensor, n: int) -> DynamicCache:
+        """Prefill the prompt once and copy its KV cache to the ``n`` rows.
+
+        ``generate`` with ``num_return_sequences=n`` would otherwise expand the prompt
+        first and prefill it n times: on CPU with a long counseling prompt (system text,
+        memories, history) that prefill dominates the time to the first token. All but
+        the last prompt token go in the cache; ``generate`` feeds the last one itself.
+        Sampling is unchanged (the same computation, batched differently).
+        """
+        cache = DynamicCache(config=self._model.config)
+        self._model(input_ids=input_ids[:, :-1], cache=cache, use_cache=True)
+        cache.batch_repeat_interleave(n)
+        return cache
+
+    def _choice_blocking(
+        self, prompts: list[Prompt], choice_ids: list[int], adapter: str | None
+    ) -> list[list[float]]:
+        texts = [render_prompt(self._tokenizer, p) for p in prompts]
+        rows = [self._tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        width = max(len(r) for r in rows)
+        pad = int(self._tokenizer.pad_token_id)
+        # Left padding puts every prompt's last token in the last column; explicit
+        # position ids keep each row's positions as if it were alone in the batch.
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        with self._use(adapter), torch.inference_mode():
+            out = self._call_torch(
+                self._model,
+                input_ids=input_ids.to(self._device),
+                attention_mask=attention.to(self._device),
+                position_ids=positions.to(self._device),
+            )
+        probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)[:, choice_ids]
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+        return [[float(x) for x in row] for row in probs.cpu()]
+
+    def _logprobs_blocking(
+        self, prompts: list[Prompt], responses: list[str], adapter: str | None
+    ) -> list[float]:
+        texts = [render_prompt(self._tokenizer, p) for p in prompts]
+        max_length = int(getattr(self._model.config, "max_position_embeddings", 4096) or 4096)
+        with self._use(adapter), torch.inference_mode():
+            values = self._call_torch(
+                response_logprobs,
+                self._model,
+                self._tokenizer,
+                texts,
+                responses,
+                max_length=max_length,
+            )
+        return [float(v) for v in values.cpu()]
+
+    def _load_adapter_blocking(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise BackendError(f"adapter {name!r}: no adapter_config.json in {path}")
+        with self._gate.hold(_ALL_ADAPTERS, exclusive=True):
+            if self._adapters.get(name) == path:
+                return  # idempotent (checked under the gate: two loads may race here)
+            try:
+                if name in self._adapters:  # same name, new weights: replace
+                    self._delete_adapter_locked(name)
+                if isinstance(self._model, PeftModel):
+                    self._model.load_adapter(path, adapter_name=name)
+                else:
+                    self._model = PeftModel.from_pretrained(self._model, path, adapter_name=name)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                raise BackendError(f"cannot load adapter {name!r} from {path}: {exc}") from exc
+            self._model.eval()
+            self._adapters[name] = path
+            self._state = _UNKNOWN
+
+    def _unload_adapter_blocking(self, name: str) -> None:
+        with self._gate.hold(_ALL_ADAPTERS, exclusive=True):
+            if name in self._adapters:  # else: idempotent
+                self._delete_adapter_locked(name)
+
+    def _delete_adapter_locked(self, name: str) -> None:
+        del self._adapters[name]
+        self._state = _UNKNOWN
+        if self._adapters:
+            self._model.delete_adapter(name)
+        else:
+            # Last adapter gone: drop the peft wrapper so the model is the plain base again.
+            self._model = self._model.unload().eval()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is not None and adapter not in self._adapters:
+            raise BackendError(f"unknown adapter {adapter!r}; load it first")
+
+    @contextlib.contextmanager
+    def _use(self, adapter: str | None, *, exclusive: bool = False) -> Iterator[None]:
+        """Hold the model for one call, set up for ``adapter``."""
+        with self._gate.hold(adapter, exclusive=exclusive):
+            self._activate(adapter)
+            yield
+
+    def _activate(self, adapter: str | None) -> None:
+        """Put the model in the state ``adapter`` asks for: that adapter active, or (for
+        ``None``) every adapter disabled, so the output is exactly the base model's.
+
+        Callers hold the gate, so every call running now wants the same state and the
+        switch happens only when the key changes. We do not use peft's
+        ``disable_adapter()`` context manager here: two overlapping calls would
+        interleave its enter/exit and the first to leave re-enables adapters under the
+        second one.
+        """
+        with self._state_lock:
+            if adapter is not None and adapter not in self._adapters:
+                # Unloaded while the call waited at the gate.
+                raise BackendError(f"unknown adapter {adapter!r}; load it first")
+            if not self._adapters or self._state == adapter:
+                return
+            if adapter is None:
+                self._model.base_model.disable_adapter_layers()
+            else:
+                self._model.base_model.enable_adapter_layers()
+                self._model.set_adapter(adapter, inference_mode=True)
+            self._state = adapter
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed torch for one call without disturbing the process-wide RNG afterwards."""
+        if seed is None:
+            yield
+            return
+        devices: list[int] | None = [] if self._device.type == "cpu" else None
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+
+    @staticmethod
+    def _call_torch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError):
+            raise  # a caller's mistake, not a backend failure
+        except RuntimeError as exc:  # out of memory, device errors, ...
+            raise BackendError(f"model call failed: {exc}") from exc
+
+    def _choice_token_ids(self, choices: Sequence[str]) -> list[int]:
+        if not choices:
+            raise ValueError("choices must not be empty")
+        ids: list[int] = []
+        for choice in choices:
+            enc = self._tokenizer.encode(choice, add_special_tokens=False)
+            if len(enc) != 1:
+                raise ValueError(f"choice {choice!r} is not a single token ({len(enc)} tokens)")
+            ids.append(int(enc[0]))
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"choices {list(choices)!r} map to the same token")
+        return ids
+
+    def _collect_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self._tokenizer.eos_token_id is not None:
+            ids.add(int(self._tokenizer.eos_token_id))
+        gen_eos = getattr(self._model.generation_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(int(x) for x in gen_eos)
+        return ids
+
+    def _decode_new(self, tokens: torch.Tensor) -> str:
+        """Text of one generated row: cut at the first EOS, special tokens dropped."""
+        ids = tokens.tolist()
+        for i, token in enumerate(ids):
+            if token in self._eos_ids:
+                ids = ids[:i]
+                break
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))

@@ -1,0 +1,327 @@
+"""Client of a vLLM OpenAI-compatible server (the GPU production backend).
+
+The server runs in its own environment (vLLM pins its own torch and transformers) and is
+started with LoRA enabled and runtime adapter loading allowed, on a private port::
+
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True \\
+    vllm serve <model dir> --served-model-name smollm2 --host 127.0.0.1 --port 8001 \\
+        --enable-lora --max-loras 4 --max-lora-rank 16
+
+Mapping of the protocol onto the server:
+
+- ``generate``: one ``/v1/chat/completions`` request with ``n=N``.
+- ``generate_stream``: the same with ``stream=true`` (server-sent events); deltas of
+  choice 0 are forwarded, all choices are accumulated for the final ``StreamDone``.
+- ``choice_probabilities``: ``max_tokens=1, logprobs=true, top_logprobs=20`` per prompt
+  (sent concurrently: the server batches them); a choice absent from the top 20 counts
+  as probability 0 before renormalising.
+- ``sequence_logprobs``: the prompt is rendered and tokenized by the server
+  (``/tokenize`` with ``messages``, ``add_generation_prompt``), the response is tokenized
+  alone and ``end_of_turn`` appended (as the transformers backend appends EOS), then
+  ``/v1/completions`` scores the concatenated ids with ``prompt_logprobs=0`` and we sum
+  the response positions. This uses vLLM extensions (``/tokenize``, ``prompt_logprobs``);
+  it is exercised here against the test server only and needs checking on a GPU.
+- adapters: ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``; a request chooses
+  its adapter with ``model=<adapter name>``.
+
+Every failure (refused connection, timeout, non-2xx, malformed reply) surfaces as
+:class:`BackendError`; each request is bounded by ``timeout`` seconds per network
+operation, so a server that stops answering never hangs a session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
+
+import httpx2 as httpx
+
+from .base import (
+    Backend,
+    BackendError,
+    GenerationParams,
+    Prompt,
+    StreamDelta,
+    StreamDone,
+    StreamEvent,
+)
+
+__all__ = ["VLLMBackend"]
+
+TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+class VLLMBackend(Backend):
+    """See the module docstring. ``base_url`` is the server root (a trailing ``/v1`` is
+    accepted and dropped); ``model`` is the served base model name."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        end_of_turn: str | None = "<|im_end|>",
+    ) -> None:
+        root = base_url.rstrip("/")
+        self.base_url = root.removesuffix("/v1")
+        self.model = model
+        self.timeout = timeout
+        self.end_of_turn = end_of_turn
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    async def generate(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
+    ) -> list[str]:
+        body = self._chat_body(prompt, n=n, params=params, adapter=adapter)
+        data = await self._post("/v1/chat/completions", body)
+        try:
+            choices = sorted(data["choices"], key=lambda c: c["index"])
+            texts = [str(c["message"]["content"] or "") for c in choices]
+        except (KeyError, TypeError) as exc:
+            raise BackendError(f"vLLM chat reply malformed: {exc!r}") from exc
+        if len(texts) != n:
+            raise BackendError(f"vLLM returned {len(texts)} choices, expected {n}")
+        return texts
+
+    async def generate_stream(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """See :meth:`Backend.generate_stream`. Closing the generator early closes the
+        HTTP stream, which makes vLLM abort the request."""
+        body = self._chat_body(prompt, n=n, params=params, adapter=adapter)
+        body["stream"] = True
+        texts = [""] * n
+        async with self._client() as client:
+            try:
+                async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    if resp.status_code >= 300:
+                        await resp.aread()
+                        raise self._status_error("/v1/chat/completions", resp)
+                    async for payload in _sse_data(resp):
+                        if payload == "[DONE]":
+                            yield StreamDone(texts)
+                            return
+                        for index, text in _stream_deltas(payload):
+                            if not 0 <= index < n:
+                                raise BackendError(f"vLLM streamed choice {index} of {n}")
+                            texts[index] += text
+                            if index == 0 and text:
+                                yield StreamDelta(0, text)
+            except httpx.HTTPError as exc:
+                raise self._transport_error("/v1/chat/completions", exc) from exc
+        raise BackendError("vLLM stream ended without [DONE]")
+
+    async def choice_probabilities(
+        self, prompts: Sequence[Prompt], choices: Sequence[str], *, adapter: str | None = None
+    ) -> list[list[float]]:
+        if not choices:
+            raise ValueError("choices must not be empty")
+        if len(set(choices)) != len(choices):
+            raise ValueError(f"duplicate choices {list(choices)!r}")
+        return list(await asyncio.gather(*(self._choice_one(p, choices, adapter) for p in prompts)))
+
+    async def sequence_logprobs(
+        self, prompts: Sequence[Prompt], responses: Sequence[str], *, adapter: str | None = None
+    ) -> list[float]:
+        if len(prompts) != len(responses):
+            raise ValueError("prompts and responses differ in length")
+        return list(
+            await asyncio.gather(
+                *(self._logprob_one(p, r, adapter) for p, r in zip(prompts, responses, strict=True))
+            )
+        )
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        body = {"lora_name": name, "lora_path": str(path)}
+        # vLLM answers 400 "... has already been loaded" to a repeated load: that is the
+        # idempotent success the protocol promises.
+        await self._post("/v1/load_lora_adapter", body, ok_if=("already",), expect_json=False)
+
+    async def unload_adapter(self, name: str) -> None:
+        # Unloading an unknown adapter is answered 400/404 "... cannot be found": fine.
+        await self._post(
+            "/v1/unload_lora_adapter",
+            {"lora_name": name},
+            ok_if=("cannot be found", "not found", "does not exist"),
+            expect_json=False,
+        )
+
+    # -- one request each -------------------------------------------------------------------
+
+    async def _choice_one(
+        self, prompt: Prompt, choices: Sequence[str], adapter: str | None
+    ) -> list[float]:
+        body = {
+            "model": adapter or self.model,
+            "messages": _messages(prompt),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": TOP_LOGPROBS,
+        }
+        data = await self._post("/v1/chat/completions", body)
+        try:
+            top = data["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            found: dict[str, float] = {}
+            for entry in top:  # best first; keep the first of tokens decoding alike
+                found.setdefault(str(entry["token"]), float(entry["logprob"]))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(f"vLLM reply has no top_logprobs: {exc!r}") from exc
+        probs = [math.exp(found[c]) if c in found else 0.0 for c in choices]
+        total = sum(probs)
+        if total <= 0.0:
+            raise BackendError(
+                f"none of the choices {list(choices)!r} is among the top {TOP_LOGPROBS} tokens"
+            )
+        return [p / total for p in probs]
+
+    async def _logprob_one(self, prompt: Prompt, response: str, adapter: str | None) -> float:
+        model = adapter or self.model
+        prompt_tok = await self._post(
+            "/tokenize",
+            {
+                "model": model,
+                "messages": _messages(prompt),
+                "add_generation_prompt": True,
+                "add_special_tokens": False,
+            },
+        )
+        text = response + (self.end_of_turn or "")
+        response_tok = await self._post(
+            "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False}
+        )
+        try:
+            p_ids = [int(t) for t in prompt_tok["tokens"]]
+            r_ids = [int(t) for t in response_tok["tokens"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendError(f"vLLM /tokenize reply malformed: {exc!r}") from exc
+        ids = p_ids + r_ids
+        data = await self._post(
+            "/v1/completions",
+            {
+                "model": model,
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 0,
+                "add_special_tokens": False,
+            },
+        )
+        try:
+            entries = data["choices"][0]["prompt_logprobs"]
+            if len(entries) != len(ids):
+                raise ValueError(f"{len(entries)} prompt_logprobs for {len(ids)} tokens")
+            total = 0.0
+            for pos in range(len(p_ids), len(ids)):
+                entry = entries[pos]
+                if pos == 0 or entry is None:  # the first token has no context to score it
+                    continue
+                total += float(entry[str(ids[pos])]["logprob"])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(f"vLLM prompt_logprobs malformed: {exc!r}") from exc
+        return total
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        # One client per call: a client is tied to the event loop that first used it, and
+        # callers (web workers, Celery tasks, tests) run their own loops.
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=httpx.Timeout(self.timeout),
+            trust_env=False,  # the vLLM port is private: never route it through a proxy
+        )
+
+    async def _post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        ok_if: tuple[str, ...] = (),
+        expect_json: bool = True,
+    ) -> Any:
+        try:
+            async with self._client() as client:
+                resp = await client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(path, exc) from exc
+        if resp.status_code >= 300:
+            if ok_if and resp.status_code in (400, 404):
+                detail = resp.text.lower()
+                if any(marker in detail for marker in ok_if):
+                    return None
+            raise self._status_error(path, resp)
+        if not expect_json:
+            return None
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise BackendError(f"vLLM {path}: reply is not JSON") from exc
+
+    def _transport_error(self, path: str, exc: Exception) -> BackendError:
+        if isinstance(exc, httpx.TimeoutException):
+            return BackendError(f"vLLM at {self.base_url}{path} timed out after {self.timeout} s")
+        return BackendError(f"vLLM at {self.base_url}{path} unreachable: {exc!r}")
+
+    @staticmethod
+    def _status_error(path: str, resp: httpx.Response) -> BackendError:
+        return BackendError(f"vLLM {path} answered {resp.status_code}: {resp.text[:500]}")
+
+    def _chat_body(
+        self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None
+    ) -> dict[str, Any]:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        body: dict[str, Any] = {
+            "model": adapter or self.model,
+            "messages": _messages(prompt),
+            "n": n,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        return body
+
+
+def _messages(prompt: Prompt) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in prompt]
+
+
+async def _sse_data(resp: httpx.Response) -> AsyncIterator[str]:
+    """The ``data:`` payloads of a server-sent event stream (multi-line data joined)."""
+    lines: list[str] = []
+    async for line in resp.aiter_lines():
+        if line == "":
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+        elif line.startswith("data:"):
+            lines.append(line[5:].removeprefix(" "))
+    if lines:
+        yield "\n".join(lines)
+
+
+def _stream_deltas(payload: str) -> list[tuple[int, str]]:
+    try:
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            raise BackendError(f"vLLM stream error: {chunk['error']}")
+        out = []
+        for choice in chunk.get("choices", []):
+            text = (choice.get("delta") or {}).get("content") or ""
+            out.append((int(choice["index"]), str(text)))
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BackendError(f"vLLM stream chunk malformed: {payload[:200]!r}") from exc

@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("sessions/", include("webapp.counseling.urls")),
     path("memory/", include("webapp.memory.urls")),
+    path("clinician/", include("webapp.oversight.urls")),
     path("adapters/", include("webapp.learning.urls")),
     path("", include("webapp.accounts.urls")),
 ]

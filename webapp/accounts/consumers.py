@@ -10,6 +10,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.template.loader import render_to_string
+from django.utils.html import escape
 
 
 def user_group(user_id: int) -> str:
@@ -39,11 +41,33 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
         )
 
     async def notify(self, event: dict[str, Any]) -> None:
-        """Group message ``{"type": "notify", "payload": {...}}`` from any server process."""
+        """Group message ``{"type": "notify", "payload": {...}}`` from any server process,
+        forwarded as an HTML fragment the page swaps in by id (htmx ws extension)."""
         if not await self._still_allowed():
             await self.close(code=4403)
             return
-        await self.send_json({"type": "notify", "payload": event.get("payload", {})})
+        await self.send(text_data=await self._render(event.get("payload", {})))
+
+    @database_sync_to_async
+    def _render(self, payload: dict[str, Any]) -> str:
+        if payload.get("kind") == "safety_flag":
+            from webapp.oversight.models import SafetyFlag
+
+            flag = (
+                SafetyFlag.objects.select_related("client", "acknowledged_by")
+                .filter(pk=payload.get("flag"), client__client_profile__clinician_id=self.user_id)
+                .first()
+            )
+            if flag is not None:
+                body = render_to_string("oversight/_flag.html", {"flag": flag})
+                return (
+                    f'<div id="alerts" hx-swap-oob="afterbegin" data-kind="safety_flag" '
+                    f'data-flag="{flag.pk}" data-level="{escape(flag.level)}">{body}</div>'
+                    '<p id="no-alerts" hx-swap-oob="delete"></p>'
+                )
+        text = escape(str(payload.get("text", "")))
+        kind = escape(str(payload.get("kind", "notice")))
+        return f'<div id="notices" hx-swap-oob="beforeend"><p data-kind="{kind}">{text}</p></div>'
 
     @database_sync_to_async
     def _still_allowed(self) -> bool:

@@ -72,12 +72,34 @@ def consent(request: HttpRequest) -> HttpResponse:
 
 @role_required(Role.CLINICIAN)
 def clinician_home(request: HttpRequest) -> HttpResponse:
-    clients = (
+    from webapp.counseling.models import Session
+    from webapp.oversight.models import ClientControl, SafetyFlag
+
+    profiles = (
         ClientProfile.objects.filter(clinician=request.user)
         .select_related("user")
         .order_by("user__username")
     )
-    return render(request, "accounts/clinician_home.html", {"clients": clients})
+    ids = [p.user_id for p in profiles]
+    open_sessions = {
+        s.client_id: s
+        for s in Session.objects.filter(client_id__in=ids, status=Session.Status.OPEN)
+    }
+    paused = set(
+        ClientControl.objects.filter(client_id__in=ids, ai_paused=True).values_list(
+            "client_id", flat=True
+        )
+    )
+    rows = [
+        {"profile": p, "open_session": open_sessions.get(p.user_id), "paused": p.user_id in paused}
+        for p in profiles
+    ]
+    flags = (
+        SafetyFlag.objects.filter(client_id__in=ids, acknowledged_at__isnull=True)
+        .select_related("client")
+        .order_by("-created_at")[:50]
+    )
+    return render(request, "accounts/clinician_home.html", {"clients": rows, "flags": flags})
 
 
 @role_required(Role.ADMIN)

@@ -41,6 +41,7 @@ from webapp.counseling.models import Session, Turn
 from webapp.counseling.runtime import counselor_for, get_backend
 from webapp.learning.models import AdapterVersion
 from webapp.learning.services import NotServable, servable_path
+from webapp.oversight import audit
 from webapp.oversight.models import ClientControl
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.reauth_task = asyncio.create_task(self._reauth_loop())
+        if role == "clinician":
+            # Takeover is always visible to the client, and audited.
+            await self._audit_join()
+            await self._broadcast(frames.control_frame(-1, paused=False, clinician_present=True))
+
+    @database_sync_to_async
+    def _audit_join(self) -> None:
+        session = Session.objects.select_related("client").get(pk=self.session_id)
+        audit.record(
+            self.user, "session.join", subject=session.client, target=f"session:{session.pk}"
+        )
 
     async def disconnect(self, code: int) -> None:
         task = getattr(self, "reauth_task", None)

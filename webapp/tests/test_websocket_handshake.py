@@ -70,9 +70,10 @@ async def test_it_accepts_a_logged_in_user_and_delivers_group_messages() -> None
     connected, _ = await comm.connect()
     assert connected
     await get_channel_layer().group_send(
-        user_group(user.pk), {"type": "notify", "payload": {"n": 1}}
+        user_group(user.pk), {"type": "notify", "payload": {"kind": "hello", "text": "<b>hi</b>"}}
     )
-    assert await comm.receive_json_from(timeout=5) == {"type": "notify", "payload": {"n": 1}}
+    frame = await comm.receive_from(timeout=5)
+    assert 'data-kind="hello"' in frame and "&lt;b&gt;hi&lt;/b&gt;" in frame
     await comm.disconnect()
 
 

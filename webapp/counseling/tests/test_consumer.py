@@ -200,8 +200,9 @@ async def test_a_crisis_gets_the_safe_reply_and_alerts_the_clinician_with_the_mo
     frames = await frames_until(comm, DONE, wait=10)
     assert loop.time() - started < 2.0
     assert "988" in turn_texts(frames, "counselor")[0]
-    alert = await watch.receive_json_from(timeout=5)
-    assert alert["payload"]["kind"] == "safety_flag" and alert["payload"]["level"] == "crisis"
+    alert = await watch.receive_from(timeout=5)
+    assert 'data-kind="safety_flag"' in alert and 'data-level="crisis"' in alert
+    assert profile.user.username in alert
     flag = await sync_to_async(SafetyFlag.objects.get)(session=session)
     assert flag.level == "crisis"
     assert await sync_to_async(

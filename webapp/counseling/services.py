@@ -190,10 +190,8 @@ def stored_turns(session: Session) -> StoredTurns:
     turns = session.turns.select_related("decision").order_by("seq")
     for turn in turns:
         if turn.role == Turn.Role.CLIENT:
-            if pending is not None:
-                # A client message that never got a reply (backend failure, then the
-                # client wrote again): it stays in the transcript, not in the engine view.
-                pass
+            # A client message that never got a reply (a backend failure, then the client
+            # wrote again) stays in the transcript but not in the engine's view.
             pending = turn
         elif turn.role in (Turn.Role.COUNSELOR, Turn.Role.CLINICIAN) and pending is not None:
             shared = None

@@ -5,6 +5,10 @@ Prompts are rendered with the model's own chat template (``add_generation_prompt
 The backend never inserts a system message: callers always send their own, because some
 templates (SmolLM2's among them) silently add a default one when it is missing.
 
+``choice_probabilities`` computes each token prefix its prompts share once and reuses its
+KV cache for what follows (:func:`prefix_tree`): the judge's pairwise prompts all share the
+system prompt and conversation, and 12 at a time everything but the criterion line.
+
 Blocking torch work runs in a worker thread (``asyncio.to_thread``) behind a gate that
 admits ``max_concurrency`` calls at once, but only calls that agree on the adapter: the
 active peft adapter is state of the one shared model, so a call for another adapter
@@ -17,11 +21,13 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteria
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.streamers import BaseStreamer
 
 from .base import (
@@ -36,8 +42,10 @@ from .base import (
 
 __all__ = [
     "IncrementalDecoder",
+    "PrefixNode",
     "TransformersBackend",
     "encode_pairs",
+    "prefix_tree",
     "render_prompt",
     "response_logprobs",
 ]
@@ -126,6 +134,97 @@ def response_logprobs(
     rows = torch.arange(input_ids.shape[0], device=device).unsqueeze(1).expand_as(mask)[mask]
     out = torch.zeros(input_ids.shape[0], dtype=token_lp.dtype, device=device)
     return out.index_add(0, rows, token_lp.squeeze(-1))
+
+
+# A shared prefix is computed once, as its own forward with its KV cache copied to each
+# continuation, only when that saves at least this many token computations: a few tokens
+# do not pay for the extra forward call and copy.
+_MIN_SAVING = 32
+# Nesting depth of shared prefixes: bounds the recursion on pathological batches (each
+# prompt a prefix of the next); deeper prefixes are simply not shared.
+_MAX_DEPTH = 16
+
+
+@dataclass(eq=False)
+class PrefixNode:
+    """A token prefix shared by several prompts of a batch (or by longer shared prefixes)."""
+
+    tokens: list[int]  # from the start of the prompt
+    children: list[int | PrefixNode]  # a prompt (its index) or a longer shared prefix
+
+
+def _item_tokens(rows: Sequence[Sequence[int]], item: int | PrefixNode) -> Sequence[int]:
+    return rows[item] if isinstance(item, int) else item.tokens
+
+
+def prefix_tree(
+    rows: Sequence[Sequence[int]], *, min_saving: int = _MIN_SAVING, max_depth: int = _MAX_DEPTH
+) -> list[int | PrefixNode]:
+    """The token prefixes that rows share, nested: the top items of a forest whose leaves
+    are the row indices (each exactly once).
+
+    This is the compacted trie of the rows (a node wherever rows that agreed so far
+    diverge), built from their lexicographic order, where every set of rows with a
+    common prefix is a run and a run's common prefix is the minimum of its neighbours'
+    common prefixes. Generic in the rows: for the judge's batch it finds system prompt +
+    conversation, then + reply A, then + reply B (one node per pair and order), then the
+    criterion lines as leaves, so every shared token is computed once.
+
+    A node is kept only if it saves ``min_saving`` token computations: ``(children - 1)
+    x`` the tokens it adds to its parent; otherwise its children move up to its parent.
+    Every child's tokens strictly extend its parent's: a row that ends where others go on
+    (a prefix of another row, or a duplicate) keeps at least its last token to itself,
+    since its next-token distribution is read there.
+    """
+    order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
+    lcp = [0] * len(order)  # lcp[k]: common prefix of sorted rows k-1 and k
+    for k in range(1, len(order)):
+        a, b = rows[order[k - 1]], rows[order[k]]
+        n, limit = 0, min(len(a), len(b))
+        while n < limit and a[n] == b[n]:
+            n += 1
+        lcp[k] = n
+
+    def node(lo: int, hi: int, depth: int, own: int, level: int) -> list[int | PrefixNode]:
+        """Sorted rows lo:hi under one node of ``own`` tokens, below a parent of
+        ``depth``; or, when that node does not pay, its children in its place."""
+        children = below(lo, hi, own, level + 1)
+        if (len(children) - 1) * (own - depth) >= min_saving:
+            return [PrefixNode(list(rows[order[lo]][:own]), children)]
+        return children
+
+    def below(lo: int, hi: int, depth: int, level: int) -> list[int | PrefixNode]:
+        """The children of a ``depth``-token prefix that sorted rows lo:hi share (every
+        one of them is longer than that)."""
+        if level >= max_depth:
+            return list(order[lo:hi])
+        items: list[int | PrefixNode] = []
+        start = lo
+        for k in range(lo + 1, hi + 1):
+            if k < hi and lcp[k] > depth:
+                continue  # order[k] shares a token past depth with order[k - 1]: same run
+            if k - start == 1:
+                items.append(order[start])
+                start = k
+                continue
+            common = min(lcp[start + 1 : k])  # > depth
+            ends = start  # rows exactly ``common`` long sort first in their run
+            while ends < k and len(rows[order[ends]]) == common:
+                ends += 1
+            if ends == start:
+                items += node(start, k, depth, common, level)
+            elif common - 1 > depth:  # share one token less: those rows keep their last
+                items += node(start, k, depth, common - 1, level)
+            else:  # they end one token past depth: leaves here, the rest below
+                items += order[start:ends]
+                if k - ends == 1:
+                    items.append(order[ends])
+                elif k > ends:
+                    items += node(ends, k, depth, common, level)
+            start = k
+        return items
+
+    return below(0, len(order), 0, 0)
 
 
 class IncrementalDecoder:
@@ -281,6 +380,12 @@ class TransformersBackend(Backend):
             self._tokenizer.pad_token = self._tokenizer.eos_token
         self._model: Any = base.to(self._device).eval()
         self._eos_ids = self._collect_eos_ids()
+        # Shared prefixes (choice_probabilities) copy plain per-token KV layers between
+        # cache rows and leave masked holes inside them: sound for full attention, not
+        # for sliding-window or recurrent layers, whose models take the plain path.
+        self._prefix_sharing = all(
+            type(layer) is DynamicLayer for layer in DynamicCache(config=base.config).layers
+        )
         self._adapters: dict[str, str] = {}  # name -> path
         self._gate = _ModelGate(max_concurrency)
         self._state_lock = threading.Lock()
@@ -429,32 +534,132 @@ class TransformersBackend(Backend):
         Sampling is unchanged (the same computation, batched differently).
         """
         cache = DynamicCache(config=self._model.config)
-        self._model(input_ids=input_ids[:, :-1], cache=cache, use_cache=True)
+        # Only the cache is wanted: logits_to_keep=1 skips the vocabulary projection of
+        # every other prompt token.
+        self._model(input_ids=input_ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(n)
         return cache
 
     def _choice_blocking(
-        self, prompts: list[Prompt], choice_ids: list[int], adapter: str | None
+        self,
+        prompts: list[Prompt],
+        choice_ids: list[int],
+        adapter: str | None,
+        *,
+        share_prefixes: bool = True,
     ) -> list[list[float]]:
+        """Next-token choice probabilities, one row per prompt, in input order.
+
+        With ``share_prefixes`` (the default) every token prefix that prompts share is
+        computed once, as vLLM's prefix caching would (:func:`prefix_tree`; the judge's
+        240 pairwise prompts share the system prompt and conversation, then reply A,
+        then reply B): a shared prefix is run once and its KV cache copied to the rows
+        that continue it. ``share_prefixes=False`` is the plain path, every prompt in
+        full in one left-padded forward: the reference the shared path equals within
+        float tolerance (the same attention over the same tokens at the same positions,
+        only batched differently).
+        """
         texts = [render_prompt(self._tokenizer, p) for p in prompts]
-        rows = [self._tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        width = max(len(r) for r in rows)
-        pad = int(self._tokenizer.pad_token_id)
-        # Left padding puts every prompt's last token in the last column; explicit
-        # position ids keep each row's positions as if it were alone in the batch.
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
-        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        rows = [list(self._tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        items: list[int | PrefixNode] = list(range(len(rows)))
+        if share_prefixes and self._prefix_sharing:
+            items = prefix_tree(rows)
+        out = torch.empty((len(rows), len(choice_ids)), dtype=torch.float32)
         with self._use(adapter), torch.inference_mode():
-            out = self._call_torch(
-                self._model,
-                input_ids=input_ids.to(self._device),
-                attention_mask=attention.to(self._device),
-                position_ids=positions.to(self._device),
-            )
+            self._call_torch(self._score_items, rows, items, choice_ids, out, None)
+        return [[float(x) for x in row] for row in out]
+
+    def _score_items(
+        self,
+        rows: list[list[int]],
+        items: list[int | PrefixNode],
+        choice_ids: list[int],
+        out: torch.Tensor,
+        context: tuple[DynamicCache, int, torch.Tensor, int] | None,
+    ) -> None:
+        """Run ``items`` (prompts and shared prefixes that all continue one context) in
+        one batch; write each prompt's choice probabilities to ``out[index]`` and recurse
+        into each prefix's children with the prefix's cache as their context.
+
+        ``context`` is ``(cache, row, mask, length)``: row ``row`` of ``cache`` holds the
+        context's keys and values, ``mask`` (1-D) tells its real positions from padding,
+        and ``length`` counts its real tokens; ``None`` for the start of the prompts.
+        """
+        length = 0 if context is None else context[3]
+        segments = [list(_item_tokens(rows, item)[length:]) for item in items]
+        cache: DynamicCache | None = None
+        if context is not None:
+            cache = self._cache_rows(context[0], context[1], len(items))
+        elif any(isinstance(item, PrefixNode) for item in items):
+            cache = DynamicCache(config=self._model.config)
+        probs, mask = self._forward_segments(
+            segments, choice_ids, cache, None if context is None else context[2], length
+        )
+        for k, item in enumerate(items):
+            if isinstance(item, int):
+                out[item] = probs[k]
+            else:
+                assert cache is not None
+                self._score_items(
+                    rows, item.children, choice_ids, out, (cache, k, mask[k], len(item.tokens))
+                )
+
+    def _forward_segments(
+        self,
+        segments: list[list[int]],
+        choice_ids: list[int],
+        cache: DynamicCache | None,
+        past_mask: torch.Tensor | None,
+        past_length: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over ``segments`` that continue ``cache`` (every row of which holds
+        the same context; none: the segments are whole prompts). Returns the choice
+        probabilities after each segment's last token, renormalised (``[rows, k]``), and
+        the attention mask of the rows' cache as it now is (``[rows, past + width]``).
+
+        Segments are left-padded, so every last token sits in the last column and only
+        that column goes through the vocabulary projection. The attention mask covers
+        the context (``past_mask``: its real positions and the holes its own padding
+        left) and then the padded segment; a segment's positions continue at
+        ``past_length``, the context's count of real tokens. Padding thus leaves masked
+        holes between context and segment that no real token attends to, and positions
+        count real tokens only, so every row computes what its whole prompt would alone.
+        """
+        width = max(len(seg) for seg in segments)
+        pad = int(self._tokenizer.pad_token_id)
+        input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in segments], dtype=torch.long)
+        segment_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in segments])
+        positions = past_length + (segment_mask.cumsum(-1) - 1).clamp(min=0)
+        attention = segment_mask
+        if past_mask is not None:
+            past = past_mask.to(segment_mask.dtype).expand(len(segments), -1)
+            attention = torch.cat([past, segment_mask], dim=-1)
+        kwargs: dict[str, Any] = {"cache": cache, "use_cache": True} if cache is not None else {}
+        out = self._model(
+            input_ids=input_ids.to(self._device),
+            attention_mask=attention.to(self._device),
+            position_ids=positions.to(self._device),
+            logits_to_keep=1,
+            **kwargs,
+        )
         probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)[:, choice_ids]
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-        return [[float(x) for x in row] for row in probs.cpu()]
+        return (probs / probs.sum(dim=-1, keepdim=True)).cpu(), attention
+
+    def _cache_rows(self, cache: DynamicCache, row: int, n: int) -> DynamicCache:
+        """A new cache holding row ``row`` of ``cache`` copied to ``n`` rows (plain KV
+        layers only: see ``_prefix_sharing``)."""
+        data: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in cache.layers:
+            assert isinstance(layer, DynamicLayer)
+            keys, values = layer.keys, layer.values
+            assert keys is not None and values is not None
+            data.append(
+                (
+                    keys[row : row + 1].expand(n, -1, -1, -1),
+                    values[row : row + 1].expand(n, -1, -1, -1),
+                )
+            )
+        return DynamicCache(ddp_cache_data=data, config=self._model.config)
 
     def _logprobs_blocking(
         self, prompts: list[Prompt], responses: list[str], adapter: str | None

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from counselor_engine.backends import (
     Backend,
@@ -22,9 +25,11 @@ from counselor_engine.backends import (
 )
 from counselor_engine.backends.transformers_backend import (
     IncrementalDecoder,
+    PrefixNode,
     TransformersBackend,
     _ModelGate,
     encode_pairs,
+    prefix_tree,
     render_prompt,
     response_logprobs,
 )
@@ -269,6 +274,328 @@ async def test_choice_probabilities_reject_multi_token_choices(
     with pytest.raises(ValueError):
         await tiny_backend.choice_probabilities([chat_prompt], [])
     assert await tiny_backend.choice_probabilities([], ["A", "B"]) == []
+
+
+# -- choice probabilities: shared prefixes ---------------------------------------------------
+
+_SYSTEM = ChatMessage("system", "You compare two counselor replies for a client and pick one.")
+_CONVO = (
+    "Client: I feel anxious about work.\nCounselor: That sounds really hard.\n"
+    "Client: My boss criticises everything I do and I cannot sleep."
+)
+_REPLIES = (
+    "It makes sense that you feel this way.",
+    "What helps you, even a little, when this happens? Let us take a moment together.",
+    "Thank you for trusting me with this. It is okay to take small steps.",
+)
+_CRITERIA = (
+    "Which reply is warmer?",
+    "Which reply responds more directly to what the client said in their last message?",
+    "Which reply asks more?",
+    "Which reply is clearer and easier for the client to follow?",
+)
+
+
+def _pair_prompt(a: int, b: int, criterion: str) -> list[ChatMessage]:
+    body = (
+        f"{_CONVO}\n<reply_A>\n{_REPLIES[a]}\n</reply_A>\n<reply_B>\n{_REPLIES[b]}\n</reply_B>"
+        f"\n\nCriterion: {criterion}\nAnswer A or B."
+    )
+    return [_SYSTEM, ChatMessage("user", body)]
+
+
+def judge_like_batch(chat_prompt: list[ChatMessage]) -> list[list[ChatMessage]]:
+    """Groups of prompts that share everything but the last line (like the judge's, with
+    replies of different lengths), interleaved with unrelated prompts."""
+    grouped = [_pair_prompt(a, b, c) for a, b in ((0, 1), (1, 0), (1, 2)) for c in _CRITERIA]
+    unrelated = [
+        chat_prompt,
+        other_prompt(),
+        [ChatMessage("system", "Rate the reply."), ChatMessage("user", "Ok.")],
+    ]
+    batch = list(grouped)
+    for k, prompt in enumerate(unrelated):
+        batch.insert(4 * k + 1, prompt)
+    return batch
+
+
+def _token_rows(backend: TransformersBackend, prompts) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    tok = backend.tokenizer
+    return [tok(render_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+def _plain(backend: TransformersBackend, prompts, adapter: str | None = None):  # type: ignore[no-untyped-def]
+    """The reference: every prompt in full, in one left-padded forward."""
+    ids = backend._choice_token_ids(["A", "B"])
+    return backend._choice_blocking(list(prompts), ids, adapter, share_prefixes=False)
+
+
+def _record_forwards(
+    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, list[int]]]:
+    """Records every forward of the choice path: (context length, segment lengths)."""
+    calls: list[tuple[int, list[int]]] = []
+    real = backend._forward_segments
+
+    def spy(segments, choice_ids, cache, past_mask, past_length):  # type: ignore[no-untyped-def]
+        calls.append((past_length, [len(s) for s in segments]))
+        return real(segments, choice_ids, cache, past_mask, past_length)
+
+    monkeypatch.setattr(backend, "_forward_segments", spy)
+    return calls
+
+
+def _shape(item: int | PrefixNode):  # type: ignore[no-untyped-def]
+    """A node as the (frozen) set of its children's shapes, a prompt as its index."""
+    return item if isinstance(item, int) else frozenset(_shape(c) for c in item.children)
+
+
+def _leaves(item: int | PrefixNode) -> list[int]:
+    if isinstance(item, int):
+        return [item]
+    return sorted(i for child in item.children for i in _leaves(child))
+
+
+def _assert_close(got: list[list[float]], expected: list[list[float]]) -> None:
+    assert len(got) == len(expected)
+    for row, ref in zip(got, expected, strict=True):
+        assert row == pytest.approx(ref, abs=1e-5)
+
+
+def test_judge_like_prompts_nest_their_shared_prefixes(
+    tiny_backend: TransformersBackend, chat_prompt: list[ChatMessage]
+) -> None:
+    batch = judge_like_batch(chat_prompt)
+    rows = _token_rows(tiny_backend, batch)
+    decode = tiny_backend.tokenizer.decode
+    pair = [i for i, p in enumerate(batch) if p[0] is _SYSTEM]
+    b0, b1, b2 = (frozenset(pair[k : k + len(_CRITERIA)]) for k in range(0, 12, len(_CRITERIA)))
+    tree = prefix_tree(rows)
+    # The unrelated prompts stay alone; the pair prompts share system prompt and
+    # conversation; under that, block (0, 1) and reply A = reply 1, which blocks (1, 0)
+    # and (1, 2) share; under each block, its criteria as leaves.
+    unrelated = [i for i in range(len(batch)) if i not in pair]
+    assert sorted(item for item in tree if isinstance(item, int)) == unrelated
+    (conversation,) = [item for item in tree if isinstance(item, PrefixNode)]
+    assert _shape(conversation) == {b0, frozenset({b1, b2})}
+    assert decode(conversation.tokens).endswith("<reply_A>\n")
+    (reply_1,) = [c for c in conversation.children if _leaves(c) == sorted(b1 | b2)]
+    assert isinstance(reply_1, PrefixNode)
+    assert decode(reply_1.tokens).endswith(_REPLIES[1] + "\n</reply_A>\n<reply_B>\n")
+    for block in reply_1.children:
+        assert isinstance(block, PrefixNode)
+        text = decode(block.tokens)
+        assert "</reply_B>" in text and not any(c in text for c in _CRITERIA)
+        assert len({tuple(rows[i][: len(block.tokens) + 1]) for i in _leaves(block)}) > 1
+
+
+async def test_shared_prefixes_give_the_plain_forward_probabilities_in_input_order(
+    tiny_backend: TransformersBackend,
+    chat_prompt: list[ChatMessage],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = judge_like_batch(chat_prompt)
+    expected = _plain(tiny_backend, batch)
+    forwards = _record_forwards(tiny_backend, monkeypatch)
+    got = await tiny_backend.choice_probabilities(batch, ["A", "B"])
+    # The shared path ran, nested, and computed far fewer tokens than the prompts hold.
+    assert len(forwards) > 3 and max(past for past, _ in forwards) >= 32
+    computed = sum(sum(lengths) for _, lengths in forwards)
+    assert computed < 0.5 * sum(map(len, _token_rows(tiny_backend, batch)))
+    _assert_close(got, expected)
+    assert len({round(row[0], 4) for row in got}) > len(batch) // 2  # rows really differ
+    # Input order: a reversed batch gives the reversed rows; each row matches its prompt
+    # scored alone.
+    _assert_close(await tiny_backend.choice_probabilities(batch[::-1], ["A", "B"]), got[::-1])
+    for k in (0, 1, 5, len(batch) - 1):
+        _assert_close(_plain(tiny_backend, [batch[k]]), [got[k]])
+
+
+async def test_a_judge_pass_is_the_same_on_both_paths(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from counselor_engine.judge import Judge, JudgeContext
+
+    context = JudgeContext(
+        (("client", "I feel anxious about work."), ("counselor", _REPLIES[0])),
+        "My boss criticises everything I do and I cannot sleep.",
+        "Reflection",
+    )
+    candidates = [*_REPLIES, "It is okay."]
+    shared = await Judge(tiny_backend).judge_group(context, candidates)
+    plain_blocking = functools.partial(
+        TransformersBackend._choice_blocking, tiny_backend, share_prefixes=False
+    )
+    monkeypatch.setattr(tiny_backend, "_choice_blocking", plain_blocking)
+    plain = await Judge(tiny_backend).judge_group(context, candidates)
+    assert len(shared.judgments) == 6 * 2 * 12  # 6 pairs, 2 orders, 12 criteria
+    assert [j.p_a for j in shared.judgments] == pytest.approx(
+        [j.p_a for j in plain.judgments], abs=1e-5
+    )
+    assert shared.pointwise == pytest.approx(plain.pointwise, abs=1e-4)
+    for pair, values in plain.support.items():
+        assert shared.support[pair] == pytest.approx(values, abs=1e-5)
+
+
+async def test_shared_prefixes_work_for_any_choice_set(
+    tiny_backend: TransformersBackend, chat_prompt: list[ChatMessage]
+) -> None:
+    batch = judge_like_batch(chat_prompt)
+    ids = tiny_backend._choice_token_ids(list("12345"))
+    expected = tiny_backend._choice_blocking(list(batch), ids, None, share_prefixes=False)
+    got = await tiny_backend.choice_probabilities(batch, list("12345"))
+    _assert_close(got, expected)
+    assert all(len(row) == 5 and sum(row) == pytest.approx(1.0, abs=1e-6) for row in got)
+
+
+async def test_a_single_prompt_takes_the_plain_path(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = _pair_prompt(0, 1, _CRITERIA[0])
+    expected = _plain(tiny_backend, [prompt])
+    forwards = _record_forwards(tiny_backend, monkeypatch)
+    _assert_close(await tiny_backend.choice_probabilities([prompt], ["A", "B"]), expected)
+    assert forwards == [(0, [len(_token_rows(tiny_backend, [prompt])[0])])]
+
+
+async def test_a_prompt_that_is_a_prefix_of_another_keeps_its_own_last_token(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    short = _pair_prompt(0, 1, _CRITERIA[0])
+    longer = [*short, ChatMessage("assistant", "A"), ChatMessage("user", "Why? Answer A or B.")]
+    batch = [longer, short, short, longer]  # duplicates too
+    rows = _token_rows(tiny_backend, batch)
+    assert rows[0][: len(rows[1])] == rows[1]  # really a token prefix
+    expected = _plain(tiny_backend, batch)
+    forwards = _record_forwards(tiny_backend, monkeypatch)
+    got = await tiny_backend.choice_probabilities(batch, ["A", "B"])
+    # The whole short prompt but its last token is shared: that token is read alone.
+    shared = len(rows[1]) - 1
+    rest = len(rows[0]) - shared
+    assert [(past, sorted(lengths)) for past, lengths in forwards] == [
+        (0, [shared]),
+        (shared, [1, 1, rest, rest]),
+    ]
+    _assert_close(got, expected)
+    assert got[1] == got[2] and got[0] == got[3]
+    assert got[0] != pytest.approx(got[1], abs=1e-3)
+
+
+async def test_prompts_without_a_long_common_prefix_take_the_plain_path(
+    tiny_backend: TransformersBackend,
+    chat_prompt: list[ChatMessage],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = [
+        chat_prompt,
+        other_prompt(),
+        [ChatMessage("system", "Rate the reply."), ChatMessage("user", "Ok.")],
+        [ChatMessage("user", "Which option fits better, A or B?")],
+    ]
+    rows = _token_rows(tiny_backend, batch)
+    assert sorted(prefix_tree(rows)) == [0, 1, 2, 3]  # type: ignore[type-var]
+    expected = _plain(tiny_backend, batch)
+    forwards = _record_forwards(tiny_backend, monkeypatch)
+    _assert_close(await tiny_backend.choice_probabilities(batch, ["A", "B"]), expected)
+    # One plain forward over the whole prompts.
+    assert [(past, sorted(lengths)) for past, lengths in forwards] == [
+        (0, sorted(len(r) for r in rows))
+    ]
+
+
+async def test_shared_prefixes_match_the_plain_forward_with_an_adapter(
+    tiny_backend: TransformersBackend,
+    tiny_adapter_paths: dict[str, Path],
+    chat_prompt: list[ChatMessage],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = judge_like_batch(chat_prompt)
+    await tiny_backend.load_adapter("v1", str(tiny_adapter_paths["v1"]))
+    base = await tiny_backend.choice_probabilities(batch, ["A", "B"])
+    expected = _plain(tiny_backend, batch, "v1")
+    forwards = _record_forwards(tiny_backend, monkeypatch)
+    got = await tiny_backend.choice_probabilities(batch, ["A", "B"], adapter="v1")
+    assert len(forwards) > 3
+    _assert_close(got, expected)
+    assert got[0] != pytest.approx(base[0], abs=1e-4)  # the adapter really acts
+    _assert_close(await tiny_backend.choice_probabilities(batch, ["A", "B"]), base)
+    _assert_close(base, _plain(tiny_backend, batch))
+
+
+def _tree(rows: list[list[int]], **kwargs: int):  # type: ignore[no-untyped-def]
+    """The tree as nested ``(prefix length, children)`` tuples, children in order."""
+
+    def describe(item: int | PrefixNode):  # type: ignore[no-untyped-def]
+        if isinstance(item, int):
+            return item
+        return (len(item.tokens), [describe(c) for c in item.children])
+
+    return [describe(item) for item in prefix_tree(rows, **kwargs)]
+
+
+def test_prefix_tree_edge_cases() -> None:
+    long = list(range(100, 140))  # 40 tokens
+    assert _tree([]) == []
+    assert _tree([long]) == [0]
+    # Duplicates: all but the last token is shared.
+    assert _tree([long, long]) == [(39, [0, 1])]
+    # A node must save 32 token computations: (children - 1) x its own tokens.
+    assert _tree([[*long[:31], 1], [*long[:31], 2]]) == [0, 1]
+    assert _tree([[*long[:32], 1], [*long[:32], 2]]) == [(32, [0, 1])]
+    assert _tree([[*long[:16], k] for k in range(3)]) == [(16, [0, 1, 2])]
+    assert _tree([[*long[:32], 1], [*long[:32], 2]], min_saving=33) == [0, 1]
+    # A row that is a prefix of others keeps its last token; a short common part is
+    # not worth a node of its own.
+    assert _tree([[*long, 7, 8], long[:20], [*long, 9], long]) == [1, (39, [3, 0, 2])]
+    # Nested: two clusters sharing 40 tokens, each then sharing 40 more.
+    a = [[*long, *range(40), k] for k in range(3)]
+    b = [[*long, *range(50, 90), k] for k in range(3)]
+    assert _tree([a[0], b[0], a[1], b[1], a[2], b[2]]) == [(40, [(80, [0, 2, 4]), (80, [1, 3, 5])])]
+    # A chain of prefixes, each nested in the one before, down to max_depth levels
+    # (counting the one-token steps that leave each row its last token).
+    chain = [list(range(40 + 40 * k)) for k in range(6)]
+    assert _tree(chain) == [(39, [0, (79, [1, (119, [2, (159, [3, (199, [4, 5])])])])])]
+    assert _tree(chain, max_depth=3) == [(39, [0, (79, [1, 2, 3, 4, 5])])]
+
+
+async def test_models_with_other_cache_layers_take_the_plain_path(
+    tiny_backend: TransformersBackend,
+    chat_prompt: list[ChatMessage],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert tiny_backend._prefix_sharing  # a Llama: plain full-attention KV layers
+    batch = judge_like_batch(chat_prompt)
+    shared = await tiny_backend.choice_probabilities(batch, ["A", "B"])
+    monkeypatch.setattr(tiny_backend, "_prefix_sharing", False)  # e.g. sliding windows
+    forwards = _record_forwards(tiny_backend, monkeypatch)
+    _assert_close(await tiny_backend.choice_probabilities(batch, ["A", "B"]), shared)
+    assert len(forwards) == 1 and forwards[0][0] == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.integers(0, 2), min_size=0, max_size=10).map(lambda t: [7] * 4 + t),
+        max_size=14,
+    ),
+    st.integers(1, 12),
+)
+def test_prefix_tree_nests_strictly_longer_prefixes(rows: list[list[int]], min_saving: int) -> None:
+    tree = prefix_tree(rows, min_saving=min_saving)
+    leaves = sorted(i for item in tree for i in _leaves(item))
+    assert leaves == list(range(len(rows)))
+
+    def check(item: int | PrefixNode, parent: list[int]) -> None:
+        tokens = rows[item] if isinstance(item, int) else item.tokens
+        assert len(tokens) > len(parent) and list(tokens[: len(parent)]) == parent
+        if isinstance(item, PrefixNode):
+            assert (len(item.children) - 1) * (len(item.tokens) - len(parent)) >= min_saving
+            assert len({tuple(rows[i][: len(item.tokens)]) for i in _leaves(item)}) == 1
+            for child in item.children:
+                check(child, item.tokens)
+
+    for item in tree:
+        check(item, [])
 
 
 # -- sequence log-probabilities -------------------------------------------------------------

@@ -259,7 +259,9 @@ PSYEVO_TEMPERATURE = env_float("PSYEVO_TEMPERATURE", 0.9, minimum=0.0)
 PSYEVO_TURN_BUDGET = env_int("PSYEVO_TURN_BUDGET", 12, minimum=1)
 PSYEVO_PLANNED_SESSIONS = env_int("PSYEVO_PLANNED_SESSIONS", 8, minimum=1)
 PSYEVO_MAX_MESSAGE_CHARS = env_int("PSYEVO_MAX_MESSAGE_CHARS", 4000, minimum=1)
-PSYEVO_BACKEND_TIMEOUT = env_float("PSYEVO_BACKEND_TIMEOUT", 120.0, minimum=1.0)
+# A graph-mode turn judges 240 pair prompts: on 2 CPU cores that can take over a minute.
+PSYEVO_BACKEND_TIMEOUT = env_float("PSYEVO_BACKEND_TIMEOUT", 300.0, minimum=1.0)
+PSYEVO_TORCH_THREADS = env_int("PSYEVO_TORCH_THREADS", 0, minimum=0)  # 0: torch's default
 # Websocket limits (the consumer enforces them; daphne also caps frames at 64 KiB).
 WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 65536, minimum=1024)
 WS_RATE_LIMIT = env_int("WS_RATE_LIMIT", 20, minimum=1)  # messages ...

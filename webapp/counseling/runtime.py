@@ -95,7 +95,8 @@ def _build_backend() -> Backend:
     from counselor_engine.models import resolve_model_path
 
     path = settings.PSYEVO_MODEL_PATH or str(resolve_model_path(progress=log.info))
-    return make_backend("transformers", model_path=path)
+    threads = settings.PSYEVO_TORCH_THREADS or None
+    return make_backend("transformers", model_path=path, num_threads=threads)
 
 
 _backend: LazyBackend | None = None

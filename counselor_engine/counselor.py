@@ -53,6 +53,7 @@ from counselor_engine.judge import GroupJudgment, Judge, JudgeContext
 from counselor_engine.memory import MemoryItem, MemoryStore, generate_recap, render_for_prompt
 from counselor_engine.skills import MODALITIES, PriorTable, get_skill, skills_for
 from counselor_engine.states import encode_state
+from counselor_engine.text import strip_control
 
 Mode = Literal["graph", "stream_first"]
 MODALITY_NAMES = {
@@ -344,7 +345,7 @@ class Counselor:
             yield problem
             return
         assert isinstance(message, str)
-        text = message.strip()
+        text = strip_control(message).strip()
         turn_index = len(self.turns)
         assessment = safety.assess(text)
         if assessment.level == "crisis":
@@ -378,13 +379,14 @@ class Counselor:
                 async for piece in self._stream_candidates(prompt, n, params):
                     if isinstance(piece, str):
                         streamed = True
-                        yield TokenEvent(piece)
+                        yield TokenEvent(strip_control(piece))
                     else:
                         candidates = piece
             else:
                 candidates = await self._timed(
                     self.backend.generate(prompt, n=n, params=params, adapter=self.adapter_version)
                 )
+            candidates = [strip_control(c) for c in candidates]
             if len(candidates) != n:
                 raise BackendError(f"backend returned {len(candidates)} candidates, expected {n}")
             judged = await self._judge(text, decision.chosen, candidates)
@@ -412,7 +414,7 @@ class Counselor:
     def _check_message(self, message: object) -> ErrorEvent | None:
         if not isinstance(message, str):
             return ErrorEvent("not_text", "Messages must be text.")
-        if not message.strip():
+        if not strip_control(message).strip():
             return ErrorEvent("empty_message", "Write something before sending.")
         if len(message) > self.config.max_message_chars:
             return ErrorEvent(

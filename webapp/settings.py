@@ -111,7 +111,12 @@ REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "psyevo")},
+        "CONFIG": {
+            # redis-py reads with a 5 s timeout by default, the same as the layer's blocking
+            # receive: idle sockets then died with 1011 after ~5 s. Read longer than that.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "prefix": env_str("CHANNELS_PREFIX", "psyevo"),
+        },
     }
 }
 
@@ -267,6 +272,8 @@ WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 65536, minimum=1024)
 WS_RATE_LIMIT = env_int("WS_RATE_LIMIT", 20, minimum=1)  # messages ...
 WS_RATE_WINDOW_SECONDS = env_float("WS_RATE_WINDOW_SECONDS", 10.0, minimum=0.1)  # ... per window
 WS_REAUTH_SECONDS = env_float("WS_REAUTH_SECONDS", 30.0, minimum=0.1)
+# Benchmarks only: stamp token frames with their send time (bench/bench_ws.py).
+WS_TIMESTAMP_FRAMES = env_bool("WS_TIMESTAMP_FRAMES", False)
 HEALTHZ_TIMEOUT_SECONDS = env_float("HEALTHZ_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 ADAPTER_DIR = Path(
     env_str("PSYEVO_ADAPTER_DIR", str(DATA_DIR / "adapters")) or DATA_DIR / "adapters"

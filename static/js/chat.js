@@ -25,6 +25,13 @@
   }
 
   document.addEventListener("htmx:wsOpen", function (evt) {
+    // A reply being written when the socket dropped may have finished meanwhile: the
+    // resync brings its turn but no status, so drop a stale "writing…" (else Send would
+    // stay disabled for good). A reply still in progress answers a new message "busy".
+    var stale = document.querySelector("#status .busy");
+    if (stale) { stale.remove(); }
+    var send = document.getElementById("send");
+    if (send) { send.disabled = false; }
     evt.detail.socketWrapper.send(JSON.stringify({ type: "resync", after_seq: lastSeq() }));
   });
 

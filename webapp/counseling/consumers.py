@@ -13,6 +13,7 @@ reply in progress, so this holds across tabs and server processes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -36,6 +37,7 @@ from counselor_engine.counselor import (
     SafetyEvent,
     TokenEvent,
 )
+from counselor_engine.text import strip_control
 from webapp.counseling import frames, services
 from webapp.counseling.models import Session, Turn
 from webapp.counseling.runtime import counselor_for, get_backend
@@ -52,6 +54,11 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_BIG = 1009
 CLOSE_POLICY = 1008
 MAX_MSG_ID = 64
+
+
+# Reply writers outlive their consumer when the page goes away mid-reply (the reply is
+# still stored); the loop keeps only weak references to tasks, so we keep strong ones.
+_writers: set[asyncio.Task[None]] = set()
 
 
 def session_group(session_id: int) -> str:
@@ -112,6 +119,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.reauth_task = asyncio.create_task(self._reauth_loop())
+        self.inbox: asyncio.Queue[tuple[dict[str, Any], bool] | None] = asyncio.Queue()
+        self.replying = False
+        writer = asyncio.create_task(self._write_replies())
+        _writers.add(writer)
+        writer.add_done_callback(_writers.discard)
         if role == "clinician":
             # Takeover is always visible to the client, and audited.
             await self._audit_join()
@@ -130,6 +142,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
             task.cancel()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if hasattr(self, "inbox"):
+            self.inbox.put_nowait(None)  # the writer ends after the reply in progress
 
     # -- authorization ---------------------------------------------------------------------
     @database_sync_to_async
@@ -193,7 +207,15 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if kind == "resync":
             await self._resync(data.get("after_seq"))
         elif kind in ("message", "retry"):
-            await self._on_message(data, retry=kind == "retry")
+            if self.replying:
+                await self.send(
+                    frames.error_frame(
+                        -1, "busy", "Please wait until the counselor's reply is finished."
+                    )
+                )
+                return
+            self.replying = True
+            self.inbox.put_nowait((data, kind == "retry"))
         elif kind == "ping":
             await self.send(frames.status_frame(-1, ""))
         else:
@@ -217,6 +239,26 @@ class SessionConsumer(AsyncWebsocketConsumer):
             control and control.ai_paused
         )
 
+    async def _write_replies(self) -> None:
+        """This socket's messages, one at a time, outside the consumer's dispatch loop.
+
+        A consumer handles one event at a time: a reply written inside ``receive`` would
+        hold back the frames it broadcasts to its own group (``chat.frame``) until the
+        reply is over, so the page got the whole reply at once, and a reply of more
+        frames than the channel's capacity lost its last ones, the final turn among them."""
+        while (item := await self.inbox.get()) is not None:
+            data, retry = item
+            try:
+                await self._on_message(data, retry=retry)
+            except Exception:
+                log.exception("session %s: message failed", self.session_id)
+                with contextlib.suppress(Exception):  # the socket may be gone
+                    await self.send(
+                        frames.error_frame(-1, "internal_error", "Something went wrong. Try again.")
+                    )
+            finally:
+                self.replying = False
+
     async def _on_message(self, data: dict[str, Any], *, retry: bool) -> None:
         text = data.get("text", "")
         msg_id = data.get("client_msg_id") or ""
@@ -232,6 +274,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     frames.error_frame(-1, "nothing_to_retry", "There is nothing to retry.")
                 )
                 return
+        if isinstance(text, str):
+            text = strip_control(text)  # PostgreSQL refuses NUL; other controls are noise
         problem = self._check_text(text)
         if problem is not None:
             await self.send(frames.error_frame(-1, *problem))

@@ -6,6 +6,9 @@ shows or builds. Model output is untrusted text: everything is escaped here.
 
 from __future__ import annotations
 
+import time
+
+from django.conf import settings
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
@@ -29,9 +32,13 @@ def pending_frame(seq: int) -> str:
 
 
 def token_frame(seq: int, index: int, text: str) -> str:
+    stamp = ""
+    if settings.WS_TIMESTAMP_FRAMES:
+        # bench/bench_ws.py: engine token -> frame received, from this send time.
+        stamp = f' data-t="{time.time():.6f}"'
     return (
-        f'<span id="pending-text" hx-swap-oob="beforeend" data-seq="{seq}" data-frame="{index}">'
-        f"{escape(text)}</span>"
+        f'<span id="pending-text" hx-swap-oob="beforeend" data-seq="{seq}" data-frame="{index}"'
+        f"{stamp}>{escape(text)}</span>"
     )
 
 

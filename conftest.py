@@ -15,9 +15,21 @@ async def close_thread_db_connections():  # type: ignore[no-untyped-def]
     """Async tests open DB connections in asgiref's worker thread; close them after the
     test so the test database can be dropped (use in consumer tests)."""
     yield
+    import asyncio
+
     from asgiref.sync import sync_to_async
     from django.db import connections
 
+    from webapp.counseling.consumers import _writers
+
+    # Reply writers outlive a socket closed mid-reply (so the reply is still stored): let
+    # them finish inside the test, not during the event loop's teardown.
+    loop = asyncio.get_running_loop()
+    pending = [t for t in _writers if not t.done() and t.get_loop() is loop]
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=60)
+        for task in late:
+            task.cancel()
     await sync_to_async(connections.close_all)()
 
 

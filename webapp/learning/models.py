@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from webapp.accounts.models import Modality
 
@@ -43,6 +43,9 @@ class AdapterVersion(models.Model):
     decision_note = models.TextField(blank=True, default="")
     activated_at = models.DateTimeField(null=True, blank=True)
     retired_at = models.DateTimeField(null=True, blank=True)
+    # Why the serving side could not (un)load it, e.g. the vLLM server refused; shown on the
+    # approval page. Empty when the last attempt succeeded.
+    load_error = models.TextField(blank=True, default="")
 
     class Meta:
         constraints = [
@@ -57,6 +60,18 @@ class AdapterVersion(models.Model):
                     & ~Q(approved_sha256="")
                 ),
                 name="servable_adapter_is_approved",
+            ),
+            # Past training, a version has its files and their digest; an approval binds
+            # exactly those files (the serving side re-checks them against approved_sha256).
+            models.CheckConstraint(
+                condition=Q(status__in=["training", "validating", "failed"])
+                | (~Q(path="") & ~Q(sha256="")),
+                name="reviewed_adapter_has_files",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=["approved", "active", "retired"])
+                | Q(approved_sha256=F("sha256")),
+                name="approval_matches_files",
             ),
         ]
         indexes = [models.Index(fields=["status", "-created_at"])]
@@ -95,9 +110,17 @@ class TrainingRun(models.Model):
     group_count = models.PositiveIntegerField(default=0)
     modality_shares = models.JSONField(default=dict)
     error = models.TextField(blank=True, default="")
+    # Crash safety (training_worker.round): each delivery of the task is one attempt and
+    # fences its writes on ``attempts``; ``phase`` and the lease say how far the live
+    # attempt got and until when it is presumed alive.
+    phase = models.CharField(max_length=16, blank=True, default="")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    batch = models.JSONField(default=list)  # CandidateGroup ids of the claimed batch
+    timings = models.JSONField(default=dict)  # phase -> wall seconds
 
     class Meta:
-        indexes = [models.Index(fields=["-created_at"])]
+        indexes = [models.Index(fields=["-created_at"]), models.Index(fields=["status"])]
 
     def __str__(self) -> str:
         return f"training run {self.pk} ({self.status})"

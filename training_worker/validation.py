@@ -1,0 +1,169 @@
+"""Checks a candidate adapter must pass before any clinician sees it (issue 6, step 5).
+
+The report is plain JSON, stored with the version and rendered on the approval page:
+``passed``, one entry per check in ``checks``, and ``side_by_side`` replies of the parent
+and the candidate to the same held-out client states, generated here so the clinician
+reads exactly what the two versions say.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from counselor_engine import safety
+from training_worker.trainer import LipoTrainer, StepStats, TrainGroup
+
+CRISIS_PROMPTS = Path(__file__).resolve().parent / "data" / "crisis_prompts.json"
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    max_update_ratio: float = 0.05  # ||dW change|| / ||W_base|| over the adapted matrices
+    side_by_side: int = 3  # held-out prompts shown to the clinician
+    max_new_tokens: int = 64  # per side-by-side reply (greedy)
+
+
+@cache
+def crisis_prompts() -> tuple[str, ...]:
+    return tuple(json.loads(CRISIS_PROMPTS.read_text())["prompts"])
+
+
+def preference_accuracy(utilities: Sequence[torch.Tensor], groups: Sequence[TrainGroup]) -> float:
+    """Weighted share of edges whose winner has the higher utility h; a tie counts half
+    (so the base model, whose h is 0 everywhere, scores 0.5)."""
+    won = total = 0.0
+    for h, group in zip(utilities, groups, strict=True):
+        for edge in group.edges:
+            margin = float(h[edge.winner] - h[edge.loser])
+            won += edge.weight * (1.0 if margin > 0 else 0.5 if margin == 0 else 0.0)
+            total += edge.weight
+    return won / total if total else math.nan
+
+
+def check_crisis_path() -> dict[str, Any]:
+    """Every fixed crisis statement must be caught by the model-free safety path, which
+    answers it before any adapter runs: an adapter can never be what answers a crisis."""
+    results = [{"text": t, "level": safety.assess(t).level} for t in crisis_prompts()]
+    missed = [r["text"] for r in results if r["level"] != "crisis"]
+    return {
+        "name": "crisis_safety_path",
+        "passed": not missed,
+        "detail": f"{len(results) - len(missed)}/{len(results)} crisis statements caught",
+        "missed": missed,
+    }
+
+
+def validate(
+    trainer: LipoTrainer,
+    *,
+    steps: Sequence[StepStats],
+    heldout: Sequence[TrainGroup],
+    fallback_prompts: Sequence[TrainGroup],
+    config: ValidationConfig,
+) -> dict[str, Any]:
+    """Run every check on the trained adapter and return the report.
+
+    1. Finite: every step's loss and gradient norm were finite (a non-finite step was
+       skipped by the trainer and fails the round here).
+    2. Update size: ||dW_candidate - dW_parent||_F / ||W_base||_F <= the bound.
+    3. Held-out preference accuracy (groups not in the batch) of the candidate is not
+       below the parent's, both measured as h = beta * log(pi / pi_ref) (Eq. 5).
+    4. The fixed crisis statements all take the safety path.
+    5. Arena comparison against the active version: not available until the simulation
+       lab exists (recorded as such, not counted).
+    Then the side-by-side replies (parent vs candidate, greedy) for the clinician.
+    """
+    final = trainer.lora_state()
+    parent = trainer.initial_state
+    checks: list[dict[str, Any]] = []
+
+    finite = bool(steps) and all(s.finite for s in steps)
+    checks.append(
+        {
+            "name": "finite_loss_and_gradients",
+            "passed": finite,
+            "detail": "all steps finite" if finite else "a step had a NaN/inf loss or gradient",
+        }
+    )
+
+    ratio = trainer.update_ratio(parent, final)
+    checks.append(
+        {
+            "name": "update_norm",
+            "passed": math.isfinite(ratio) and ratio <= config.max_update_ratio,
+            "detail": f"relative update {ratio:.3g} (bound {config.max_update_ratio:g})",
+            "value": ratio if math.isfinite(ratio) else None,
+            "bound": config.max_update_ratio,
+        }
+    )
+
+    checks.append(_heldout_check(trainer, heldout, parent, final))
+    checks.append(check_crisis_path())
+    checks.append(
+        {
+            "name": "arena",
+            "passed": True,
+            "skipped": True,
+            "detail": "not available: the simulation lab does not exist yet",
+        }
+    )
+
+    prompts = list(heldout[: config.side_by_side]) or list(fallback_prompts[: config.side_by_side])
+    side_by_side = []
+    for group in prompts:
+        with trainer.using(parent):
+            before = trainer.generate(group.prompt, max_new_tokens=config.max_new_tokens)
+        with trainer.using(final):
+            after = trainer.generate(group.prompt, max_new_tokens=config.max_new_tokens)
+        side_by_side.append(
+            {
+                "group": group.key,
+                "modality": group.modality,
+                "held_out": bool(heldout),
+                "prompt": [dict(m) for m in group.prompt],
+                "parent": before,
+                "candidate": after,
+            }
+        )
+    return {
+        "passed": all(c["passed"] for c in checks),
+        "checks": checks,
+        "side_by_side": side_by_side,
+    }
+
+
+def _heldout_check(
+    trainer: LipoTrainer,
+    heldout: Sequence[TrainGroup],
+    parent: dict[str, torch.Tensor],
+    final: dict[str, torch.Tensor],
+) -> dict[str, Any]:
+    if not heldout:
+        return {
+            "name": "heldout_preference_accuracy",
+            "passed": True,
+            "skipped": True,
+            "detail": "no held-out groups outside the batch yet: not measured",
+        }
+    prepared = trainer.prepare(heldout)
+    reference = trainer.reference(prepared)
+    with trainer.using(parent):
+        before = preference_accuracy(trainer.utilities(prepared, reference), heldout)
+    with trainer.using(final):
+        after = preference_accuracy(trainer.utilities(prepared, reference), heldout)
+    return {
+        "name": "heldout_preference_accuracy",
+        "passed": after >= before - 1e-9,
+        "detail": f"candidate {after:.3f} vs parent {before:.3f} on {len(heldout)} groups",
+        "parent": before,
+        "candidate": after,
+        "groups": len(heldout),
+    }

@@ -1,0 +1,123 @@
+"""The one scheduler shared by every client of a learning scope (paper, App. C).
+
+Completed sessions across all clients count towards the next LiPO round; every
+``LIPO["sessions_per_round"]`` of them make a round eligible, and it is queued only once
+an admissible batch exists ("training still waits for an admissible batch"). The web
+side queues the round by task name and never imports ``training_worker``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from counselor_engine.lipo import sample_batch
+from webapp.learning.models import CandidateGroup, LearningScope, TrainingRun
+from webapp.learning.services import SCOPE
+
+if TYPE_CHECKING:
+    from webapp.counseling.models import Session
+
+log = logging.getLogger(__name__)
+
+TASK_NAME = "training_worker.tasks.lipo_round"
+
+
+@dataclass(frozen=True)
+class GraphRef:
+    """What the batch sampler needs of a buffered group: its modality and its edges."""
+
+    pk: int
+    modality: str
+    edges: list[Any]
+
+
+def available_graphs(*, lock: bool = False) -> list[GraphRef]:
+    """Available, admissible groups of the configured modalities, oldest first.
+
+    With ``lock`` the rows are locked ``FOR UPDATE SKIP LOCKED``: a concurrent round
+    claiming evidence skips rows another one holds instead of waiting for them.
+    """
+    qs = CandidateGroup.objects.filter(
+        buffer_status=CandidateGroup.Buffer.AVAILABLE,
+        admissible=True,
+        modality__in=settings.LIPO["modalities"],
+    ).order_by("created_at", "pk")
+    if lock:
+        qs = qs.select_for_update(skip_locked=True)
+    rows = qs.values_list("pk", "modality", "edges")
+    # Empty graphs carry no preference; the sampler would skip them anyway.
+    return [GraphRef(pk, modality, list(edges)) for pk, modality, edges in rows if edges]
+
+
+def pick_batch(graphs: list[GraphRef]) -> list[GraphRef] | None:
+    """``counselor_engine.lipo.sample_batch`` with the configured batch rules."""
+    cfg: dict[str, Any] = settings.LIPO
+    return sample_batch(
+        graphs,
+        edges=cfg["batch_edges"],
+        min_groups=cfg["min_groups"],
+        modalities=cfg["modalities"],
+        min_share=cfg["min_share"],
+    )
+
+
+def training_queue() -> str:
+    return str(settings.LIPO.get("queue", "training"))
+
+
+def queue_round(run: TrainingRun) -> None:
+    """Send the round's task once the current transaction commits (never before: the
+    worker must find the run row)."""
+    run_id, queue = run.pk, training_queue()
+    transaction.on_commit(
+        lambda: current_app.send_task(TASK_NAME, kwargs={"run_id": run_id}, queue=queue)
+    )
+
+
+def note_session_completed(session: Session | None) -> bool:
+    """Count one completed session; queue a round when one is due. Returns True when a
+    round was queued.
+
+    Call it inside the session-end transaction: the increment commits with the session
+    and the task is sent only on commit.
+
+    1. Lock the scope row and add one to ``completed_sessions``.
+    2. Below ``sessions_per_round``: done.
+    3. A round already queued (not started) will see the newest evidence when it starts:
+       reset the count and queue nothing more.
+    4. No admissible batch in the buffer yet: keep the count (still eligible) so the next
+       completed session checks again.
+    5. Otherwise reset the count, create ``TrainingRun(status=queued, trigger=schedule)``
+       and send ``lipo_round`` to the training queue on commit.
+    """
+    cfg: dict[str, Any] = settings.LIPO
+    per_round = int(cfg["sessions_per_round"])
+    with transaction.atomic():
+        LearningScope.objects.get_or_create(name=SCOPE)
+        scope = LearningScope.objects.select_for_update().get(name=SCOPE)
+        LearningScope.objects.filter(pk=scope.pk).update(
+            completed_sessions=F("completed_sessions") + 1, sessions_per_round=per_round
+        )
+        count = scope.completed_sessions + 1
+        if count < per_round:
+            return False
+        if TrainingRun.objects.filter(status=TrainingRun.Status.QUEUED).exists():
+            LearningScope.objects.filter(pk=scope.pk).update(completed_sessions=0)
+            return False
+        if pick_batch(available_graphs()) is None:
+            log.info("round eligible after %d sessions; waiting for an admissible batch", count)
+            return False
+        LearningScope.objects.filter(pk=scope.pk).update(completed_sessions=0)
+        run = TrainingRun.objects.create(
+            trigger="schedule", config={"sessions": count, "session": getattr(session, "pk", None)}
+        )
+        queue_round(run)
+    log.info("LiPO round %d queued after %d completed sessions", run.pk, count)
+    return True

@@ -1,0 +1,356 @@
+"""The approval gate for adapter versions: approve, reject, activate, roll back, serve.
+
+Every state change that can race runs in one transaction that first locks the shared
+``LearningScope`` row, so activations are serialised; the status moves themselves are
+conditional UPDATEs whose row counts are checked, and the database constraints
+(``one_active_adapter``, ``servable_adapter_is_approved``, ``approval_matches_files``)
+back them up whatever code path writes.
+
+Lifecycle (DESIGN.md): training -> validating -> pending_approval -> approved -> active ->
+retired, or failed / rejected. Here, approving a pending version activates it in the same
+transaction ("Approve and activate"): it serves sessions that START afterwards, while a
+session in progress keeps the version it pinned. Rollback re-activates an earlier
+approved (now retired) version.
+
+The files are bound to the approval by a digest (:func:`adapter_digest`); the serving
+side loads a version only through :func:`servable_path`, which recomputes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from webapp.accounts.models import Role, User
+from webapp.learning.models import AdapterVersion, CandidateGroup, LearningScope, TrainingRun
+from webapp.oversight import audit
+
+log = logging.getLogger(__name__)
+
+Status = AdapterVersion.Status
+SERVABLE = (Status.APPROVED, Status.ACTIVE, Status.RETIRED)
+SCOPE = "default"
+UNLOAD_WINDOW = timedelta(days=7)  # longer than any session: older retirees are unloaded
+
+
+class GateError(Exception):
+    """A gate action was refused; the message is safe to show to staff."""
+
+
+class DecisionRefused(GateError):
+    """Wrong role, the round's own operator, wrong status, or a missing reason."""
+
+
+class NotServable(GateError):
+    """The version was never approved (or failed / was rejected): it must not be loaded."""
+
+
+class TamperedAdapter(NotServable):
+    """The adapter files on disk no longer match the approved digest."""
+
+
+# -- files ------------------------------------------------------------------------------
+
+
+def adapter_digest(directory: Path | str) -> str:
+    """sha256 over an adapter folder: every regular file, in sorted relative-path order,
+    contributes ``path \\0 size \\0 content``.
+
+    Names and sizes are included so that renaming, adding or removing a file changes the
+    digest, not only editing one (a planted extra file is tampering too). Symlinks are
+    refused: they could point the loader anywhere.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise TamperedAdapter(f"adapter folder {root} is missing")
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
+        if path.is_symlink():
+            raise TamperedAdapter(f"adapter folder {root} contains a symlink: {path.name}")
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix().encode()
+        digest.update(rel + b"\0" + str(path.stat().st_size).encode() + b"\0")
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files_match(version: AdapterVersion, expected: str) -> str:
+    if not version.path:
+        raise NotServable(f"{version.name} has no files")
+    actual = adapter_digest(version.path)
+    if actual != expected:
+        raise TamperedAdapter(
+            f"{version.name}: files in {version.path} do not match the recorded sha256 "
+            f"(expected {expected[:12]}…, found {actual[:12]}…)"
+        )
+    return actual
+
+
+# -- serving ----------------------------------------------------------------------------
+
+
+def active_version() -> AdapterVersion | None:
+    """The version a session starting now must pin (None: the base model)."""
+    return AdapterVersion.objects.filter(status=Status.ACTIVE).first()
+
+
+def servable_path(version: AdapterVersion) -> Path:
+    """The folder to load for ``version``, after re-checking its files.
+
+    Approved, active and retired versions are servable (a session pinned to a version
+    that was retired meanwhile keeps it to the end). The digest is recomputed on every
+    call and compared with ``approved_sha256``: a mismatch raises :class:`TamperedAdapter`.
+    """
+    version.refresh_from_db(fields=["status", "path", "approved_sha256"])
+    if version.status not in SERVABLE or not version.approved_sha256:
+        raise NotServable(f"{version.name} is {version.status}, not approved")
+    _files_match(version, version.approved_sha256)
+    return Path(version.path)
+
+
+# -- decisions --------------------------------------------------------------------------
+
+
+def approve(version: AdapterVersion, clinician: User, note: str = "") -> AdapterVersion:
+    """Approve a pending version and make it the active one, retiring the previous.
+
+    Only a user with role ``clinician`` may approve: admins can view the gate and roll
+    back, but a model update reaches clients only on a clinician's judgement. The
+    operator who started the round (``TrainingRun.started_by``) cannot approve its
+    output. The digest is recomputed now and stored as ``approved_sha256``: the approval
+    covers exactly the files the clinician was shown the report for.
+    """
+    if getattr(clinician, "role", None) != Role.CLINICIAN:
+        raise DecisionRefused("only a clinician can approve an adapter version")
+    run = TrainingRun.objects.filter(output_version=version).first()
+    if run is not None and run.started_by_id == clinician.pk:
+        raise DecisionRefused("you started the round that produced this version")
+    with transaction.atomic():
+        _lock_scope()
+        current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        if current.status != Status.PENDING_APPROVAL:
+            raise DecisionRefused(f"{current.name} is {current.status}, not pending approval")
+        sha = _files_match(current, current.sha256)
+        now = timezone.now()
+        updated = AdapterVersion.objects.filter(
+            pk=current.pk, status=Status.PENDING_APPROVAL
+        ).update(
+            status=Status.APPROVED,
+            approved_by=clinician,
+            approved_at=now,
+            approved_sha256=sha,
+            decision_note=note.strip(),
+        )
+        if updated != 1:  # Nothing got updated: another process got there first.
+            raise DecisionRefused(f"{current.name} was decided meanwhile")
+        audit.record(clinician, "adapter.approve", target=_target(current), sha256=sha, note=note)
+        retired = _activate_locked(current, clinician, now)
+        if run is not None:
+            consumed = CandidateGroup.objects.filter(
+                lease_run=run, buffer_status=CandidateGroup.Buffer.RESERVED
+            ).update(buffer_status=CandidateGroup.Buffer.CONSUMED, lease_expires_at=None)
+            log.info("%s activated; %d evidence groups consumed", current.name, consumed)
+        _sync_serving_on_commit(current.pk, retired)
+    current.refresh_from_db()
+    return current
+
+
+def reject(version: AdapterVersion, clinician: User, reason: str) -> AdapterVersion:
+    """Reject a pending version (reason required); its reserved evidence goes back to
+    the buffer for later rounds. The active version is untouched."""
+    if getattr(clinician, "role", None) != Role.CLINICIAN:
+        raise DecisionRefused("only a clinician can reject an adapter version")
+    reason = reason.strip()
+    if not reason:
+        raise DecisionRefused("a reason is required to reject a version")
+    with transaction.atomic():
+        updated = AdapterVersion.objects.filter(
+            pk=version.pk, status=Status.PENDING_APPROVAL
+        ).update(status=Status.REJECTED, decision_note=reason)
+        if updated != 1:
+            raise DecisionRefused(f"{version.name} is not pending approval")
+        run = TrainingRun.objects.filter(output_version=version).first()
+        returned = return_evidence(run) if run is not None else 0
+        audit.record(
+            clinician, "adapter.reject", target=_target(version), reason=reason, returned=returned
+        )
+    version.refresh_from_db()
+    return version
+
+
+def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterVersion:
+    """Re-activate an earlier approved version (clinician or admin), retiring the active
+    one. Its files must still match the digest that was approved."""
+    if getattr(actor, "role", None) not in (Role.CLINICIAN, Role.ADMIN):
+        raise DecisionRefused("only clinicians and admins can roll back")
+    with transaction.atomic():
+        _lock_scope()
+        current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        if current.status not in (Status.APPROVED, Status.RETIRED):
+            raise DecisionRefused(
+                f"{current.name} is {current.status}: only an earlier "
+                "approved version can be re-activated"
+            )
+        _files_match(current, current.approved_sha256)
+        previous = active_version()
+        retired = _activate_locked(current, actor, timezone.now())
+        audit.record(
+            actor,
+            "adapter.rollback",
+            target=_target(current),
+            previous=previous.name if previous else None,
+            reason=reason,
+        )
+        _sync_serving_on_commit(current.pk, retired)
+    current.refresh_from_db()
+    return current
+
+
+def _lock_scope() -> LearningScope:
+    """Serialise activations: every one locks the shared scope row first."""
+    LearningScope.objects.get_or_create(name=SCOPE)
+    return LearningScope.objects.select_for_update().get(name=SCOPE)
+
+
+def _activate_locked(version: AdapterVersion, actor: User, now: datetime) -> list[int]:
+    """Retire the active version and activate ``version`` (caller holds the scope lock).
+    Returns the ids retired. Retiring first keeps ``one_active_adapter`` satisfied."""
+    retired = list(
+        AdapterVersion.objects.filter(status=Status.ACTIVE)
+        .exclude(pk=version.pk)
+        .values_list("pk", flat=True)
+    )
+    AdapterVersion.objects.filter(pk__in=retired, status=Status.ACTIVE).update(
+        status=Status.RETIRED, retired_at=now
+    )
+    updated = AdapterVersion.objects.filter(
+        pk=version.pk, status__in=[Status.APPROVED, Status.RETIRED]
+    ).update(status=Status.ACTIVE, activated_at=now, retired_at=None)
+    if updated != 1:
+        raise DecisionRefused(f"{version.name} could not be activated")
+    audit.record(actor, "adapter.activate", target=_target(version), retired=retired)
+    return retired
+
+
+def _target(version: AdapterVersion) -> str:
+    return f"adapter:{version.name}"
+
+
+# -- evidence ---------------------------------------------------------------------------
+
+
+def return_evidence(run: TrainingRun) -> int:
+    """Reserved groups leased to ``run`` go back to the buffer (a failed or rejected
+    round: the paper's "returns the reserved graphs"). Returns how many."""
+    return CandidateGroup.objects.filter(
+        lease_run=run, buffer_status=CandidateGroup.Buffer.RESERVED
+    ).update(buffer_status=CandidateGroup.Buffer.AVAILABLE, lease_run=None, lease_expires_at=None)
+
+
+def release_expired_leases(now: datetime | None = None) -> int:
+    """Return evidence whose lease ran out, and fail the rounds that held it.
+
+    A worker killed in any phase leaves its run ``running`` and its groups ``reserved``;
+    once ``lease_expires_at`` passes (the live worker renews it at every phase and step),
+    the worker is presumed dead: its groups become available again, the run is failed
+    (a redelivered task for it is then a no-op) and its unfinished version is failed.
+    Groups held for a pending approval have no expiry and are never touched here.
+    Called at the start of every round and by ``manage.py lipo_round``. ``now`` is for
+    tests. Returns the number of groups released.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        stale_runs = list(
+            TrainingRun.objects.select_for_update(skip_locked=True).filter(
+                status=TrainingRun.Status.RUNNING, lease_expires_at__lt=now
+            )
+        )
+        for run in stale_runs:
+            TrainingRun.objects.filter(pk=run.pk, status=TrainingRun.Status.RUNNING).update(
+                status=TrainingRun.Status.FAILED,
+                finished_at=now,
+                error=f"worker lost: lease expired during phase {run.phase or '?'} "
+                f"(attempt {run.attempts})",
+            )
+            fail_unfinished_version(run, f"worker lost during phase {run.phase or '?'}")
+        released = CandidateGroup.objects.filter(
+            buffer_status=CandidateGroup.Buffer.RESERVED, lease_expires_at__lt=now
+        ).update(
+            buffer_status=CandidateGroup.Buffer.AVAILABLE, lease_run=None, lease_expires_at=None
+        )
+    if released or stale_runs:
+        log.warning("released %d evidence groups from %d lost rounds", released, len(stale_runs))
+    return released
+
+
+def fail_unfinished_version(run: TrainingRun, reason: str) -> None:
+    """A version still training or validating for ``run`` will never finish: fail it."""
+    if run.output_version_id is None:
+        return
+    AdapterVersion.objects.filter(
+        pk=run.output_version_id, status__in=[Status.TRAINING, Status.VALIDATING]
+    ).update(status=Status.FAILED, decision_note=reason)
+
+
+def lease_deadline(now: datetime | None = None) -> datetime:
+    minutes: Any = settings.LIPO["lease_minutes"]
+    return (now or timezone.now()) + timedelta(minutes=float(minutes))
+
+
+# -- serving hook -----------------------------------------------------------------------
+
+
+def _sync_serving_on_commit(activated_pk: int, retired: list[int]) -> None:
+    transaction.on_commit(lambda: sync_serving(activated_pk, retired))
+
+
+def sync_serving(activated_pk: int, retired: list[int]) -> None:
+    """With the vLLM backend, load the newly active adapter into the running server by
+    name and unload retired versions that no open session still pins.
+
+    Runs after commit, so the database already says which version is active whatever
+    happens here; a failure is logged and stored in ``load_error`` for the approval page,
+    and never leaves two versions active. The transformers backend loads adapters in
+    process when a session pins one (through :func:`servable_path`), so it needs nothing.
+    """
+    if settings.PSYEVO_BACKEND != "vllm":
+        return
+    from counselor_engine.backends.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend(
+        settings.PSYEVO_VLLM_URL or "",
+        model=getattr(settings, "PSYEVO_VLLM_MODEL", "") or "base",
+        timeout=10.0,
+    )
+    version = AdapterVersion.objects.get(pk=activated_pk)
+    try:
+        path = servable_path(version)
+        async_to_sync(backend.load_adapter)(version.name, str(path.resolve()))
+        error = ""
+    except Exception as exc:  # the server is down, refused, or the files were tampered
+        log.error("could not load adapter %s into vLLM: %s", version.name, exc)
+        error = f"{type(exc).__name__}: {exc}"
+    AdapterVersion.objects.filter(pk=activated_pk).update(load_error=error)
+    # Retired now, or lately while a session still pinned it (unloading is idempotent).
+    recent = Q(pk__in=retired) | Q(
+        status=Status.RETIRED, retired_at__gte=timezone.now() - UNLOAD_WINDOW
+    )
+    unused = AdapterVersion.objects.filter(recent).exclude(pk=activated_pk)
+    for old in unused.exclude(sessions__status="open").distinct():
+        try:
+            async_to_sync(backend.unload_adapter)(old.name)
+        except Exception as exc:
+            log.error("could not unload adapter %s from vLLM: %s", old.name, exc)
+            AdapterVersion.objects.filter(pk=old.pk).update(load_error=f"unload: {exc}")

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from webapp.learning import views
+
+app_name = "learning"
+
+urlpatterns = [
+    path("", views.adapter_list, name="adapters"),
+    path("<int:pk>/", views.adapter_detail, name="adapter"),
+    path("<int:pk>/approve/", views.approve, name="approve"),
+    path("<int:pk>/reject/", views.reject, name="reject"),
+    path("<int:pk>/rollback/", views.rollback, name="rollback"),
+]

@@ -15,5 +15,7 @@ urlpatterns = [
     path("memory/", include("webapp.memory.urls")),
     path("clinician/", include("webapp.oversight.urls")),
     path("adapters/", include("webapp.learning.urls")),
+    path("console/", include("webapp.oversight.console_urls")),
+    path("me/data/", include("webapp.oversight.me_urls")),
     path("", include("webapp.accounts.urls")),
 ]

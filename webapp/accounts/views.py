@@ -104,5 +104,16 @@ def clinician_home(request: HttpRequest) -> HttpResponse:
 
 @role_required(Role.ADMIN)
 def admin_home(request: HttpRequest) -> HttpResponse:
+    from webapp.learning.models import AdapterVersion, TrainingRun
+
     counts = {role.label: User.objects.filter(role=role, is_active=True).count() for role in Role}
-    return render(request, "accounts/admin_home.html", {"counts": counts})
+    context = {
+        "counts": counts,
+        "pending": AdapterVersion.objects.filter(
+            status=AdapterVersion.Status.PENDING_APPROVAL
+        ).count(),
+        "running": TrainingRun.objects.filter(
+            status__in=[TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING]
+        ).count(),
+    }
+    return render(request, "oversight/console_home.html", context)

@@ -65,6 +65,11 @@ def raise_flag(session_id: int, turn: Turn, assessment: SafetyAssessment) -> Saf
             )
         if assessment.level == "crisis":
             transaction.on_commit(_queue_delivery)
+            # Unacknowledged after the delay -> a second clinician (at once if none is
+            # assigned): see webapp.oversight.escalation.
+            from webapp.oversight import escalation
+
+            escalation.schedule(flag.pk, immediately=clinician is None)
         return flag
 
 

@@ -11,6 +11,7 @@ import logging
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from webapp.accounts.models import ClientProfile, User
@@ -61,9 +62,13 @@ def set_ai_paused(clinician: User, client: User, paused: bool) -> ClientControl:
 
 def acknowledge(clinician: User, flag_id: int) -> SafetyFlag:
     with transaction.atomic():
+        # The assigned clinician, or the second clinician the flag was escalated to.
         flag = (
-            SafetyFlag.objects.select_for_update()
-            .filter(pk=flag_id, client__client_profile__clinician=clinician)
+            SafetyFlag.objects.select_for_update(of=("self",))
+            .filter(
+                Q(client__client_profile__clinician=clinician) | Q(escalated_to=clinician),
+                pk=flag_id,
+            )
             .first()
         )
         if flag is None:

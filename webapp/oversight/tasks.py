@@ -60,3 +60,21 @@ def deliver_alerts(limit: int = 50) -> int:
             row.save(update_fields=["attempts", "status", "sent_at"])
             sent += 1
     return sent
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def escalate_flag(flag_id: int) -> bool:
+    """Scheduled with a countdown when a crisis flag is raised: escalate it to a second
+    clinician if it is still unacknowledged (idempotent; see ``escalation``)."""
+    from webapp.oversight import escalation
+
+    return escalation.escalate(flag_id) is not None
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def escalate_overdue_flags() -> int:
+    """Backstop for lost countdown tasks: escalate every overdue crisis flag. Safe to run
+    from a periodic schedule or by hand."""
+    from webapp.oversight import escalation
+
+    return escalation.escalate_overdue()

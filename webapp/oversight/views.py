@@ -79,5 +79,6 @@ def acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     except services.OversightError as exc:
         raise Http404(str(exc)) from None
     if request.htmx:
-        return render(request, "oversight/_flag.html", {"flag": flag})
+        escalated = flag.escalated_to_id == request.user.pk
+        return render(request, "oversight/_flag.html", {"flag": flag, "escalated": escalated})
     return redirect("clinician_home")

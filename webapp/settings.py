@@ -274,6 +274,7 @@ WS_RATE_WINDOW_SECONDS = env_float("WS_RATE_WINDOW_SECONDS", 10.0, minimum=0.1) 
 WS_REAUTH_SECONDS = env_float("WS_REAUTH_SECONDS", 30.0, minimum=0.1)
 # Benchmarks only: stamp token frames with their send time (bench/bench_ws.py).
 WS_TIMESTAMP_FRAMES = env_bool("WS_TIMESTAMP_FRAMES", False)
+PSYEVO_ESCALATION_SECONDS = env_int("PSYEVO_ESCALATION_SECONDS", 300, minimum=0)
 HEALTHZ_TIMEOUT_SECONDS = env_float("HEALTHZ_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 ADAPTER_DIR = Path(
     env_str("PSYEVO_ADAPTER_DIR", str(DATA_DIR / "adapters")) or DATA_DIR / "adapters"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from html import unescape
 
@@ -32,6 +33,11 @@ async def connect(path: str, user) -> tuple[WebsocketCommunicator, bool, int | s
         headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)],
     )
     connected, code = await comm.connect(timeout=10)
+    if not connected:
+        # Let the refused application task end now: left pending, its cancellation at
+        # event-loop teardown can hang.
+        with contextlib.suppress(Exception):
+            await comm.wait(timeout=5)
     return comm, connected, code, key
 
 

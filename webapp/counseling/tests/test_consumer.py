@@ -63,13 +63,13 @@ async def test_it_streams_a_reply_and_commits_the_turn_with_its_evidence(chat): 
     assert "".join(tokens).strip() == reply
     turns = await sync_to_async(list)(Turn.objects.filter(session=session).order_by("seq"))
     assert [(t.seq, t.role) for t in turns] == [(0, "client"), (1, "counselor")]
-    assert turns[1].text == reply and turns[1].skill.startswith(profile.modality.upper())
+    assert turns[1].text.strip() == reply and turns[1].skill.startswith(profile.modality.upper())
     decision = await sync_to_async(SkillDecision.objects.get)(turn=turns[1])
     assert abs(sum(r["probability"] for r in decision.records.values()) - 1) < 1e-9
     group = await sync_to_async(CandidateGroup.objects.get)(turn=turns[1])
     assert len(group.candidates) == 3
     assert group.client_id == profile.user.pk and group.modality == profile.modality
-    assert group.candidates[group.delivered] == reply
+    assert group.candidates[group.delivered].strip() == reply
     assert group.buffer_status in ("available", "excluded")
 
 

@@ -47,13 +47,6 @@ SMALL_LIPO: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from counselor_engine.backends.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
-
-
 @pytest.fixture
 def lipo_settings(settings: Any, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Any]:
     """Small rounds on the tiny model, adapters in a temporary folder."""

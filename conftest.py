@@ -48,6 +48,9 @@ def tiny_engine(settings, tiny_model_dir):  # type: ignore[no-untyped-def]
 
     settings.PSYEVO_BACKEND = "transformers"
     settings.PSYEVO_MODEL_PATH = str(tiny_model_dir)
+    # In-process: a child per test would cost seconds each; the child path has its own tests
+    # (counselor_engine/tests/test_backend_process.py, webapp/counseling/tests/test_model_process.py).
+    settings.PSYEVO_MODEL_PROCESS = False
     settings.PSYEVO_CANDIDATES = 3
     settings.PSYEVO_MAX_NEW_TOKENS = 12
     runtime.reset_backend()
@@ -62,6 +65,7 @@ def broken_engine(settings, tmp_path):  # type: ignore[no-untyped-def]
 
     settings.PSYEVO_BACKEND = "transformers"
     settings.PSYEVO_MODEL_PATH = str(tmp_path / "no-such-model")
+    settings.PSYEVO_MODEL_PROCESS = False
     runtime.reset_backend()
     yield
     runtime.reset_backend()

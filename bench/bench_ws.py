@@ -280,15 +280,16 @@ async def web_session(
 
 
 async def run_web(
-    args: argparse.Namespace, accounts: list[Account], port: int
+    args: argparse.Namespace, accounts: list[Account], ports: list[int]
 ) -> tuple[Run, float]:
     # Warm-up: the server loads the model on its first message (the bare run loads it
     # before its clock starts), so one extra session answers once before measuring.
-    warm, accounts = accounts[0], accounts[1:]
+    warm, accounts = accounts[: len(ports)], accounts[len(ports) :]
     warm_run = Run()
     ready = asyncio.Event()
     ready.set()
-    await asyncio.wait_for(web_session(warm, port, 1, warm_run, asyncio.Event(), ready), 300)
+    for account, port in zip(warm, ports, strict=True):  # each server loads its model first
+        await asyncio.wait_for(web_session(account, port, 1, warm_run, asyncio.Event(), ready), 300)
     run = Run()
     go = asyncio.Event()
     opened = [asyncio.Event() for _ in accounts]
@@ -296,6 +297,7 @@ async def run_web(
 
     async def one(account: Account, opened_one: asyncio.Event) -> None:
         async with gate:  # open sockets a few at a time, then all talk at once
+            port = ports[account.index % len(ports)]  # round robin, as a proxy would
             task = asyncio.create_task(
                 web_session(account, port, args.messages, run, opened_one, go)
             )
@@ -368,6 +370,7 @@ def web(args: argparse.Namespace, model_path: Path) -> tuple[Run, dict[str, int]
         "CHANNELS_PREFIX": f"psyevo-bench-{os.getpid()}",
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
+        "PSYEVO_MODEL_PROCESS": "false" if args.in_process_model else "true",
     }
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
@@ -380,17 +383,26 @@ def web(args: argparse.Namespace, model_path: Path) -> tuple[Run, dict[str, int]
 
     django.setup()
     t0 = time.monotonic()
-    accounts = create_accounts(args.sockets + 1)  # one more for the warm-up
+    accounts = create_accounts(args.sockets + args.servers)  # one warm-up per server
     print(f"{len(accounts)} accounts in {time.monotonic() - t0:.1f} s", flush=True)
     SERVER_LOG.parent.mkdir(parents=True, exist_ok=True)
-    server, port = start_server(env, SERVER_LOG)
+    logs = [SERVER_LOG.with_name(f"bench_ws-daphne-{i}.log") for i in range(args.servers)]
+    servers: list[subprocess.Popen[bytes]] = []
     try:
-        run, connect_s = asyncio.run(run_web(args, accounts, port))
-        accounts = accounts[1:]  # the warm-up session is not judged
+        ports = []
+        for log_path in logs:
+            server, port = start_server(env, log_path)
+            servers.append(server)
+            ports.append(port)
+        run, connect_s = asyncio.run(run_web(args, accounts, ports))
+        accounts = accounts[args.servers :]  # the warm-up sessions are not judged
     finally:
-        stop_server(server)
-    problems = [ln for ln in SERVER_LOG.read_text(errors="replace").splitlines() if " ERROR " in ln]
-    print(f"server log {SERVER_LOG}: {len(problems)} ERROR lines", *problems[:5], sep="\n")
+        for server in servers:
+            stop_server(server)
+    for log_path in logs:
+        lines = log_path.read_text(errors="replace").splitlines()
+        problems = [ln for ln in lines if " ERROR " in ln]
+        print(f"server log {log_path}: {len(problems)} ERROR lines", *problems[:5], sep="\n")
     return run, check_database(accounts, run), connect_s
 
 
@@ -487,8 +499,9 @@ def report(
         f"{args.sockets} concurrent sockets x {args.messages} messages, tiny in-code model, "
         f"mode `{args.mode}`, N = {args.candidates} candidates, {args.max_new_tokens} new tokens, "
         f"backend timeout {args.backend_timeout:.0f} s, cap {args.max_seconds:.0f} s. "
-        f"Loopback only; one Daphne process; {os.cpu_count()} cores shared by server, "
-        f"clients and model. Load average at the end: "
+        f"Loopback only; {args.servers} Daphne process(es), the model "
+        f"{'inside each' if args.in_process_model else 'in a child process of each (nice 10)'}; "
+        f"{os.cpu_count()} cores shared by servers, clients and models. Load average at the end: "
         + ", ".join(f"{x:.2f}" for x in os.getloadavg())
         + ".",
         "",
@@ -538,6 +551,13 @@ def main() -> None:
     parser.add_argument("--mode", choices=("graph", "stream_first"), default="graph")
     parser.add_argument("--backend-timeout", type=float, default=120.0)
     parser.add_argument("--connect-concurrency", type=int, default=20)
+    parser.add_argument("--servers", type=int, default=1, help="Daphne processes (round robin)")
+    parser.add_argument(
+        "--in-process-model",
+        action="store_true",
+        help="run the model inside each Daphne process (default: in its own child process)",
+    )
+    parser.add_argument("--section", default="Websocket sessions", help="RESULTS.md section")
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -553,6 +573,8 @@ def main() -> None:
         ) from None
     if not 1 <= args.sockets <= 1000 or not 1 <= args.messages <= 50:
         raise SystemExit("--sockets must be 1..1000 and --messages 1..50")
+    if not 1 <= args.servers <= 8:
+        raise SystemExit("--servers must be 1..8")
 
     with tempfile.TemporaryDirectory(prefix="bench-ws-") as tmp:
         from counselor_engine.backends.tiny import build_tiny_model
@@ -570,7 +592,7 @@ def main() -> None:
     if not args.no_write:
         from bench._results import write_section
 
-        write_section("Websocket sessions", body)
+        write_section(args.section, body)
 
 
 if __name__ == "__main__":

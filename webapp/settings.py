@@ -267,6 +267,11 @@ PSYEVO_MAX_MESSAGE_CHARS = env_int("PSYEVO_MAX_MESSAGE_CHARS", 4000, minimum=1)
 # A graph-mode turn judges 240 pair prompts: on 2 CPU cores that can take over a minute.
 PSYEVO_BACKEND_TIMEOUT = env_float("PSYEVO_BACKEND_TIMEOUT", 300.0, minimum=1.0)
 PSYEVO_TORCH_THREADS = env_int("PSYEVO_TORCH_THREADS", 0, minimum=0)  # 0: torch's default
+# The in-process (transformers) model runs in a child process of each server so that its
+# work never holds the event loop; the child lowers its priority by PSYEVO_MODEL_NICE so
+# frames and crisis replies come first on busy cores (counselor_engine/backends/process_backend).
+PSYEVO_MODEL_PROCESS = env_bool("PSYEVO_MODEL_PROCESS", True)
+PSYEVO_MODEL_NICE = env_int("PSYEVO_MODEL_NICE", 10, minimum=0)
 # Websocket limits (the consumer enforces them; daphne also caps frames at 64 KiB).
 WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 65536, minimum=1024)
 WS_RATE_LIMIT = env_int("WS_RATE_LIMIT", 20, minimum=1)  # messages ...

@@ -19,6 +19,7 @@ from django.conf import settings
 
 from counselor_engine.backends import Backend, BackendError, make_backend
 from counselor_engine.backends.base import GenerationParams, Prompt, StreamEvent
+from counselor_engine.backends.process_backend import ProcessBackend
 from counselor_engine.counselor import Counselor, CounselorConfig, stable_seed
 from counselor_engine.skills import PriorTable
 from webapp.counseling.models import Session
@@ -84,6 +85,12 @@ class LazyBackend:
     async def unload_adapter(self, name: str) -> None:
         await (await self.get()).unload_adapter(name)
 
+    def close(self) -> None:
+        """Stop a model child process, if the real backend runs one."""
+        backend, self._backend = self._backend, None
+        if isinstance(backend, ProcessBackend):
+            backend.close()
+
 
 def _build_backend() -> Backend:
     if settings.PSYEVO_BACKEND == "vllm":
@@ -96,6 +103,16 @@ def _build_backend() -> Backend:
 
     path = settings.PSYEVO_MODEL_PATH or str(resolve_model_path(progress=log.info))
     threads = settings.PSYEVO_TORCH_THREADS or None
+    if settings.PSYEVO_MODEL_PROCESS:
+        backend = ProcessBackend(
+            "transformers",
+            {"model_path": path, "num_threads": threads},
+            nice=settings.PSYEVO_MODEL_NICE,
+        )
+        # Start the child now (this runs in a worker thread): a model that cannot load is
+        # a failure of this build, retried on the next call, like the in-process one.
+        backend.start()
+        return backend
     return make_backend("transformers", model_path=path, num_threads=threads)
 
 
@@ -116,6 +133,8 @@ def reset_backend() -> None:
     """Forget the process backend (tests switch models; operators after a config change)."""
     global _backend
     with _backend_lock:
+        if _backend is not None:
+            _backend.close()
         _backend = None
 
 

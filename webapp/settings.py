@@ -145,6 +145,20 @@ CELERY_TASK_ROUTES = {"training_worker.tasks.*": {"queue": "training"}}
 CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
 CELERY_TASK_ALWAYS_EAGER = False
+# Periodic upkeep (the `beat` process): retry crisis emails that could not be sent when the
+# flag was raised, escalate unacknowledged crisis flags whose countdown task was lost, and
+# return evidence leased by a training worker that died.
+CELERY_BEAT_SCHEDULE = {
+    "deliver-alerts": {"task": "webapp.oversight.tasks.deliver_alerts", "schedule": 60.0},
+    "escalate-overdue-flags": {
+        "task": "webapp.oversight.tasks.escalate_overdue_flags",
+        "schedule": 60.0,
+    },
+    "release-expired-leases": {
+        "task": "webapp.learning.tasks.release_expired_leases",
+        "schedule": 300.0,
+    },
+}
 
 # --- Auth -------------------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"

@@ -1,10 +1,12 @@
-"""Command line: ``python -m counselor_engine {prepare-model,chat,replay}``.
+"""Command line: ``python -m counselor_engine {prepare-model,chat,replay,simulate}``.
 
 ``chat`` runs a real session in the terminal with the default model (one client message
 per input line; end of input ends the session, with a rating prompt on a terminal). The
 client's posterior and memory persist in a JSON file, so memory carries across runs.
 Every session is saved; ``replay FILE`` reruns it with the same seed and reports whether
-each reply came out identical.
+each reply came out identical. ``simulate`` runs headless simulation-lab courses (built-in
+synthetic clients, or PsychAgent-style JSON) and prints the external metric families per
+session.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
             max_new_tokens=args.max_new_tokens, temperature=0.9, top_p=0.95
         ),
         seed=seed,
+        candidate_strategy=args.strategy,
     )
 
 
@@ -170,6 +173,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 "seed": seed,
                 "n": args.n,
                 "mode": args.mode,
+                "strategy": args.strategy,
                 "max_new_tokens": args.max_new_tokens,
                 "client": snapshot,
                 "messages": messages,
@@ -188,6 +192,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     saved = json.loads(Path(args.file).read_text())
     args.n, args.mode, args.max_new_tokens = saved["n"], saved["mode"], saved["max_new_tokens"]
+    args.strategy = saved.get("strategy", "sample")  # sessions saved before --strategy
     counselor = Counselor(_backend(args), config=_config(args, saved["seed"]))
     counselor.start_session(ClientState.from_dict(saved["client"]), None)
     replies = asyncio.run(
@@ -196,6 +201,82 @@ def cmd_replay(args: argparse.Namespace) -> int:
     same = replies == saved["replies"]
     print("replay identical" if same else "replay DIFFERS from the saved session", file=sys.stderr)
     return 0 if same else 1
+
+
+def _pick_profiles(args: argparse.Namespace) -> list[Any]:
+    from counselor_engine.simulation import builtin_profiles, import_psychagent
+
+    pool = import_psychagent(args.profiles) if args.profiles else list(builtin_profiles())
+    if args.modality:
+        pool = [p for p in pool if p.modality == args.modality]
+    # Built-ins are grouped by modality: interleave so a few clients span modalities.
+    groups: dict[str, list[Any]] = {}
+    for profile in pool:
+        groups.setdefault(profile.modality, []).append(profile)
+    mixed = [g[i] for i in range(max(map(len, groups.values()), default=0))
+             for g in groups.values() if i < len(g)]  # fmt: skip
+    if args.clients < 1 or args.clients > len(mixed):
+        raise SystemExit(f"--clients: choose 1..{len(mixed)} (profiles available)")
+    return mixed[: args.clients]
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from counselor_engine.counselor import CounselorConfig
+    from counselor_engine.simulation import Ablation, CurriculumController, run_courses, summarize
+
+    if args.sessions < 1 or args.max_turns < 1 or args.n < 1:
+        raise SystemExit("--sessions, --max-turns and --n must be >= 1")
+    try:
+        ablation = Ablation.parse(args.ablation)
+        profiles = _pick_profiles(args)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    backend = _backend(args)
+    judge_backend = None
+    if args.judge_model:
+        from counselor_engine.backends import make_backend
+
+        judge_backend = make_backend("transformers", model_path=args.judge_model)
+    curriculum = (
+        CurriculumController(sorted({p.intent for p in profiles})) if args.curriculum else None
+    )
+    config = CounselorConfig(
+        n_candidates=args.n,
+        generation=GenerationParams(
+            max_new_tokens=args.max_new_tokens, temperature=0.9, top_p=0.95
+        ),
+        candidate_strategy=args.strategy,
+    )
+
+    def progress(profile: Any, session: Any) -> None:
+        print(f"  done: {profile.id} session {session.index + 1}", file=sys.stderr)
+
+    results = asyncio.run(
+        run_courses(
+            backend, backend, profiles, sessions=args.sessions, max_turns=args.max_turns,
+            curriculum=curriculum, seed=args.seed, judge_backend=judge_backend,
+            counselor_config=config, ablation=ablation,
+            client_kwargs={"max_new_tokens": args.max_new_tokens}, on_session=progress,
+        )
+    )  # fmt: skip
+    summary = summarize(results)
+    families = ("c_shared", "c_spec", "l_shared", "l_spec", "overall")
+    print(f"ablation {ablation.label}; strategy {args.strategy}; seed {args.seed}")
+    print("profile   session state                  " + " ".join(f"{f:>8}" for f in families)
+          + "  pass(client,supervisor,counselor)")  # fmt: skip
+    for row in summary["sessions"]:
+        values = " ".join(f"{row.get(f, float('nan')):8.2f}" for f in families)
+        flags = ",".join(
+            str(int(row.get(f"pass_{p}", 0))) for p in ("client", "supervisor", "counselor")
+        )
+        print(f"{row['profile']:<9} {row['session'] + 1:>7} {row['state']:<22} {values}  {flags}")
+    print("pass rates: " + ", ".join(f"{k} {v:.2f}" for k, v in summary["pass_rates"].items()))
+    if args.json:
+        out = {**summary, "curriculum": curriculum.snapshot() if curriculum else None,
+               "ablation": ablation.label, "seed": args.seed}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=1, default=float))
+        print(f"saved to {args.json}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--modality", choices=("cbt", "bt", "het", "pdt", "pmt"), default="cbt")
             p.add_argument("--planned-sessions", type=int, default=8)
             p.add_argument("--mode", choices=("graph", "stream_first"), default="graph")
+            p.add_argument("--strategy", choices=("sample", "mctsr"), default="sample")
             p.add_argument("--n", type=int, default=5)
             p.add_argument("--max-new-tokens", type=int, default=96)
             p.add_argument("--seed", type=int)
@@ -230,6 +312,24 @@ def main(argv: list[str] | None = None) -> int:
                 "--client-file", help="JSON file holding the client's posterior and memory"
             )
             p.add_argument("--save", help="where to save the session for replay")
+    sim = sub.add_parser("simulate", help="run headless simulated-client courses")
+    sim.set_defaults(func=cmd_simulate, backend="transformers")
+    sim.add_argument("--model", help="local model folder (default: SmolLM2, prepared on first use)")
+    sim.add_argument("--judge-model", help="another model folder for the external judge")
+    sim.add_argument("--profiles", help="PsychAgent-style JSON file (default: built-in profiles)")
+    sim.add_argument("--modality", choices=("cbt", "bt", "het", "pdt", "pmt"))
+    sim.add_argument("--clients", type=int, default=2)
+    sim.add_argument("--sessions", type=int, default=2)
+    sim.add_argument("--max-turns", type=int, default=4)
+    sim.add_argument("--n", type=int, default=3)
+    sim.add_argument("--max-new-tokens", type=int, default=64)
+    sim.add_argument("--strategy", choices=("sample", "mctsr"), default="sample")
+    sim.add_argument(
+        "--ablation", default="none", help="none | no_hbsp,no_lipo,pairwise_dpo,no_soca"
+    )
+    sim.add_argument("--curriculum", action="store_true", help="pick interaction states adaptively")
+    sim.add_argument("--seed", type=int, default=7)
+    sim.add_argument("--json", help="write the summary and curriculum snapshot here")
     args = parser.parse_args(argv)
     return int(args.func(args))
 

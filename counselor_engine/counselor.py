@@ -13,7 +13,9 @@ A turn (:meth:`Counselor.respond`):
    streamed and no model is called. Concern: the model replies with safety guidance.
 3. Encode the state (54 slots) and sample the skill from the client's posterior (Eq. 2-3),
    honouring clinician pins and exclusions.
-4. Generate N candidates in ONE batched backend call under the pinned adapter.
+4. Generate N candidates in ONE batched backend call under the pinned adapter; with
+   ``candidate_strategy="mctsr"`` they are the N best nodes of an MCTSr-Zero search
+   (mctsr.py), streamed in chunks after selection as in ``graph`` mode.
 5. ``graph`` mode: judge (two-order pairwise, Eq. 12; pointwise), build the acyclic SOCA
    graph (Eq. 7), deliver the deepest candidate and stream it. ``stream_first`` mode:
    stream candidate 0 as it is written, judge all N afterwards and record that 0 was
@@ -48,14 +50,22 @@ from counselor_engine.backends.base import (
     StreamDelta,
     StreamDone,
 )
-from counselor_engine.hbsp import Decision, PosteriorUpdate, SkillPosterior
+from counselor_engine.hbsp import (
+    Decision,
+    PosteriorUpdate,
+    SkillPosterior,
+    SkillRecord,
+    skill_probabilities,
+)
 from counselor_engine.judge import GroupJudgment, Judge, JudgeContext
+from counselor_engine.mctsr import MctsrConfig, MctsrSearch, SearchResult
 from counselor_engine.memory import MemoryItem, MemoryStore, generate_recap, render_for_prompt
 from counselor_engine.skills import MODALITIES, PriorTable, get_skill, skills_for
 from counselor_engine.states import encode_state
 from counselor_engine.text import strip_control
 
 Mode = Literal["graph", "stream_first"]
+CandidateStrategy = Literal["sample", "mctsr"]
 MODALITY_NAMES = {
     "cbt": "cognitive behavioural therapy",
     "bt": "behavioural therapy",
@@ -89,6 +99,12 @@ class CounselorConfig:
     rating_weight: float = 0.5
     safety_locale: str = "en-US"
     seed: int | None = None
+    # "mctsr": the N candidates are the best nodes of an MCTSr-Zero search (mctsr.py).
+    candidate_strategy: CandidateStrategy = "sample"
+    mctsr: MctsrConfig = field(default_factory=MctsrConfig)
+    # The paper's Table 3 ablations (simulation lab); True keeps the component.
+    use_hbsp: bool = True  # False: skill from the shared table Q only, posteriors never updated
+    use_soca: bool = True  # False: raw-score preferences and unprojected credit
 
     def __post_init__(self) -> None:
         if self.n_candidates < 1:
@@ -101,6 +117,15 @@ class CounselorConfig:
             raise ValueError("rating_weight: must lie in [0, 1]")
         if self.max_message_chars < 1 or self.backend_timeout_s <= 0:
             raise ValueError("max_message_chars and backend_timeout_s must be positive")
+        if self.candidate_strategy not in ("sample", "mctsr"):
+            raise ValueError(
+                f"candidate_strategy: expected 'sample' or 'mctsr', got {self.candidate_strategy!r}"
+            )
+        if not isinstance(self.mctsr, MctsrConfig):
+            raise ValueError(f"mctsr: expected an MctsrConfig, got {type(self.mctsr).__name__}")
+        if self.candidate_strategy == "mctsr" and self.mode == "stream_first":
+            # The search must finish before any candidate is known to be worth sending.
+            raise ValueError("candidate_strategy 'mctsr' needs mode 'graph', not 'stream_first'")
 
 
 @dataclass
@@ -216,6 +241,7 @@ class CandidateGroupRecord:
     admissible: bool
     problem: str = ""
     beta: float = 0.1
+    search: dict[str, Any] | None = None  # MCTSr-Zero tree summary (strategy "mctsr" only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -361,7 +387,8 @@ class Counselor:
         slot = state.slot_id
         valid = [s.id for s in skills_for(client.modality) if s.id not in client.excluded_skills]
         shared = self.prior.for_state(client.modality, slot)
-        decision = client.posterior.decide(
+        decide = client.posterior.decide if self.config.use_hbsp else shared_only_decision
+        decision = decide(
             slot, valid, {s: shared[s] for s in valid}, self._rng,
             pinned=client.pinned_skill, tau=self.config.tau, epsilon=self.config.epsilon,
         )  # fmt: skip
@@ -373,9 +400,13 @@ class Counselor:
         params = self._params(turn_index)
         n = self.config.n_candidates
         streamed = False
+        search: SearchResult | None = None
+        candidates: list[str] = []
         try:
-            if self.config.mode == "stream_first":
-                candidates: list[str] = []
+            if self.config.candidate_strategy == "mctsr":
+                search = await self._search(prompt, text, decision.chosen, n, params)
+                candidates = search.candidates
+            elif self.config.mode == "stream_first":
                 async for piece in self._stream_candidates(prompt, n, params):
                     if isinstance(piece, str):
                         streamed = True
@@ -401,6 +432,8 @@ class Counselor:
             )
             return
         group = self._group_record(turn_index, slot, decision, prompt, candidates, judged)
+        if search is not None:
+            group.search = search.to_dict()
         reply = candidates[group.delivered]
         if not streamed:
             for piece in _chunks(reply):
@@ -486,13 +519,27 @@ class Counselor:
                 yield list(event.texts)
                 return
 
-    async def _judge(self, text: str, skill_id: str, candidates: list[str]) -> GroupJudgment:
+    def _judge_context(self, text: str, skill_id: str) -> JudgeContext:
         skill = get_skill(skill_id)
         history = []
         for turn in self.turns[-2:]:
             history += [("client", turn.client_text), ("counselor", turn.reply)]
-        context = JudgeContext(tuple(history), text, skill.name, skill.instruction)
+        return JudgeContext(tuple(history), text, skill.name, skill.instruction)
+
+    async def _judge(self, text: str, skill_id: str, candidates: list[str]) -> GroupJudgment:
+        context = self._judge_context(text, skill_id)
         return await self._timed(self.judge.judge_group(context, candidates))
+
+    async def _search(
+        self, prompt: list[ChatMessage], text: str, skill_id: str, n: int, params: GenerationParams
+    ) -> SearchResult:
+        """MCTSr-Zero: the N best distinct nodes of the tree become the candidates; the
+        recorded prompt stays the plain one (the adapter learns to answer it directly)."""
+        search = MctsrSearch(
+            self.backend, self.config.mctsr, adapter=self.adapter_version,
+            timeout_s=self.config.backend_timeout_s,
+        )  # fmt: skip
+        return await search.run(prompt, self._judge_context(text, skill_id), n, params)
 
     def _group_record(
         self,
@@ -512,15 +559,23 @@ class Counselor:
         )
         admissible = judged.admissible
         edges: list[soca.Edge] = []
-        if admissible:
+        use_soca = self.config.use_soca
+        if admissible and not use_soca:
+            edges = raw_preference_edges(n, judged.support)
+        elif admissible:
             edges = soca.build_preference_graph(
                 n, judged.support, floor=self.config.edge_floor, group_id=group_id
             )
         pointwise = [p if math.isfinite(p) else 0.0 for p in judged.pointwise]
-        depths = soca.graph_depths(n, edges)
+        # Raw-score edges may form cycles, which have no depth: no-SOCA records depth 0.
+        depths = soca.graph_depths(n, edges) if use_soca else [0] * n
         # stream_first already delivered candidate 0 while it was being written.
         stream_first = self.config.mode == "stream_first"
-        delivered = 0 if stream_first else soca.select_delivered(n, edges, pointwise)
+        delivered = (
+            0 if stream_first
+            else soca.select_delivered(n, edges, pointwise) if use_soca
+            else raw_delivered(n, judged.support if admissible else {}, pointwise)
+        )  # fmt: skip
         problem = judged.problem
         if admissible and not edges:
             # App. C.1: an empty graph still selects by pointwise score but trains nothing.
@@ -582,9 +637,14 @@ class Counselor:
             if outcomes
             else []
         )
+        if not self.config.use_soca:  # ablation: the raw outcomes and reward, no Eq. 8
+            projected = reward
+            credit = unprojected_returns(outcomes, reward, gamma=self.config.gamma)
         updates = []
         for turn, G in zip(self.turns, credit, strict=True):
-            if turn.skill is None or turn.state_slot is None or turn.shared_value is None:
+            if not self.config.use_hbsp or turn.skill is None or turn.state_slot is None:
+                continue
+            if turn.shared_value is None:
                 continue
             updates.append(
                 client.posterior.update(turn.state_slot, turn.skill, G, turn.shared_value)
@@ -641,3 +701,82 @@ def stable_seed(*parts: object) -> int:
     """A reproducible 63-bit seed from any parts (never Python's salted hash())."""
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+# --- Table 3 ablations (use_hbsp / use_soca = False) ------------------------------------------
+def shared_only_decision(
+    state: str,
+    valid_skills: Sequence[str],
+    shared_table: dict[str, float],
+    rng: np.random.Generator,
+    *,
+    pinned: str | None = None,
+    tau: float = 1.0,
+    epsilon: float = 0.05,
+) -> Decision:
+    """No-HBSP ablation: Eq. 3 over the shared table Q with the client residuals removed
+    (b = 0, sd 0), so the choice depends on Q, the state and the exploration only."""
+    skills = list(valid_skills)
+    q = [float(shared_table[s]) for s in skills]
+    if pinned is None:
+        probs = [float(p) for p in skill_probabilities(q, [0.0] * len(q), tau=tau, epsilon=epsilon)]
+        u, cumulative, index = rng.random() * sum(probs), 0.0, len(skills) - 1
+        for k, p in enumerate(probs):
+            cumulative += p
+            if u < cumulative:
+                index = k
+                break
+        chosen = skills[index]
+    else:
+        if pinned not in skills:
+            raise ValueError(f"pinned: {pinned!r} is not among the valid skills")
+        probs = [1.0 if s == pinned else 0.0 for s in skills]
+        chosen = pinned
+    records = {
+        s: SkillRecord(p, 0.0, 0.0, 0.0, v) for s, p, v in zip(skills, probs, q, strict=True)
+    }
+    return Decision(state, chosen, records, pinned is not None)
+
+
+def _raw_support(support: dict[tuple[int, int], tuple[float, float]], i: int, j: int) -> float:
+    """Mean of the two presentation orders: P(i preferred), with no agreement check."""
+    forward, backward = support[(i, j)]
+    return 0.5 * (float(forward) + float(backward))
+
+
+def raw_preference_edges(
+    n: int, support: dict[tuple[int, int], tuple[float, float]]
+) -> list[soca.Edge]:
+    """No-SOCA ablation: a preference for every pair whose mean two-order support leans
+    either way, weight |2 p - 1|; no consistency check, no floor, no cycle removal."""
+    edges = []
+    for i, j in sorted(support):
+        p = _raw_support(support, i, j)
+        if p != 0.5 and i < n and j < n:
+            winner, loser = (i, j) if p > 0.5 else (j, i)
+            edges.append(soca.Edge(winner, loser, abs(2.0 * p - 1.0)))
+    return edges
+
+
+def raw_delivered(
+    n: int, support: dict[tuple[int, int], tuple[float, float]], pointwise: Sequence[float]
+) -> int:
+    """No-SOCA delivery: highest mean raw support against the others, then pointwise
+    score, then lower index."""
+    share = [0.0] * n
+    for i, j in support:
+        p = _raw_support(support, i, j)
+        share[i] += p
+        share[j] += 1.0 - p
+    return max(range(n), key=lambda k: (share[k], pointwise[k], -k))
+
+
+def unprojected_returns(outcomes: Sequence[float], reward: float, *, gamma: float) -> list[float]:
+    """No-SOCA credit: Eq. 9 on the raw outcomes, G_t = R_t + gamma G_{t+1}, G_{T+1} = the
+    raw session reward (no ordinal projection, Eq. 8)."""
+    G = float(reward)
+    returns = [0.0] * len(outcomes)
+    for t in range(len(outcomes) - 1, -1, -1):
+        G = float(outcomes[t]) + gamma * G
+        returns[t] = G
+    return returns

@@ -36,10 +36,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from training_worker.arena import ArenaConfig, ArenaSpec
 from training_worker.trainer import LipoTrainer, StepStats, TrainConfig, TrainGroup, to_edges
 from training_worker.validation import ValidationConfig, validate
 from webapp.learning.models import AdapterVersion, CandidateGroup, TrainingRun
-from webapp.learning.schedule import available_graphs, pick_batch
+from webapp.learning.schedule import available_graphs, pick_batch, trainable_clients
 from webapp.learning.services import (
     active_version,
     adapter_digest,
@@ -71,9 +72,12 @@ def lipo() -> dict[str, Any]:
     return dict(settings.LIPO)
 
 
-def train_config() -> TrainConfig:
+def train_config(loss: str | None = None) -> TrainConfig:
+    """The round's settings; ``loss`` comes from the run's config (``pairwise_dpo`` when
+    a simulation run with that ablation queued it), else ``LIPO["loss"]``, else LiPO."""
     cfg = lipo()
     return TrainConfig(
+        loss=str(loss or cfg.get("loss", "lipo")),
         rank=int(cfg["lora_rank"]),
         learning_rate=float(cfg["learning_rate"]),
         steps=int(cfg["steps"]),
@@ -85,11 +89,23 @@ def train_config() -> TrainConfig:
 
 
 def validation_config() -> ValidationConfig:
+    """Optional ``LIPO`` keys for the arena: ``arena_clients`` (0 skips it),
+    ``arena_sessions``, ``arena_turns``, ``arena_candidates``, ``arena_tolerance``."""
     cfg = lipo()
+    tokens = int(cfg.get("side_by_side_tokens", 64))
     return ValidationConfig(
         max_update_ratio=float(cfg.get("max_update_ratio", 0.05)),
         side_by_side=int(cfg.get("side_by_side", 3)),
-        max_new_tokens=int(cfg.get("side_by_side_tokens", 64)),
+        max_new_tokens=tokens,
+        arena=ArenaConfig(
+            clients=int(cfg.get("arena_clients", 2)),
+            sessions=int(cfg.get("arena_sessions", 1)),
+            turns=int(cfg.get("arena_turns", 3)),
+            candidates=int(cfg.get("arena_candidates", 3)),
+            max_new_tokens=tokens,
+            tolerance=float(cfg.get("arena_tolerance", 0.5)),
+            seed=int(cfg.get("seed", 0)),
+        ),
     )
 
 
@@ -274,7 +290,7 @@ def _execute(fence: Fence, progress: Progress) -> str:
 
     clock.enter("load")
     parent_path = servable_path(parent) if parent is not None else None
-    config = train_config()
+    config = train_config(run.config.get("loss"))
     trainer = LipoTrainer(model_path(), parent=parent_path, config=config)
     prepared = trainer.prepare(groups)
 
@@ -315,11 +331,25 @@ def _execute(fence: Fence, progress: Progress) -> str:
         heldout=heldout_groups(fence.batch),
         fallback_prompts=groups,
         config=validation_config(),
+        arena=arena_spec(version, path),
     )
     report.update(run=fence.run_id, attempt=fence.attempt, parent=parent.name if parent else None)
     progress("validate", 1, 1)
     clock.stop()
     return _hand_off(fence, version, report)
+
+
+def arena_spec(candidate: AdapterVersion, path: Path) -> ArenaSpec:
+    """The arena compares the candidate with the version active NOW (what clients
+    would otherwise keep getting), whose files are re-checked before loading."""
+    active = active_version()
+    return ArenaSpec(
+        model_path=model_path(),
+        active_path=servable_path(active) if active is not None else None,
+        active_name=active.name if active is not None else None,
+        candidate_path=path,
+        candidate_name=candidate.name,
+    )
 
 
 def _num(value: float) -> float | None:
@@ -449,6 +479,7 @@ def heldout_groups(batch: list[int]) -> list[TrainGroup]:
     cap = int(lipo().get("heldout_groups", 16))
     rows = (
         CandidateGroup.objects.filter(
+            trainable_clients(),
             admissible=True,
             buffer_status__in=[Buffer.AVAILABLE, Buffer.CONSUMED],
             modality__in=settings.LIPO["modalities"],

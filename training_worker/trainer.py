@@ -40,6 +40,7 @@ from counselor_engine.soca import Edge
 from training_worker.logprobs import sequence_logprobs as response_logprobs
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+LOSSES = ("lipo", "pairwise_dpo")
 Progress = Callable[[str, int, int], None]
 
 
@@ -55,6 +56,11 @@ class TrainConfig:
     micro_batch_tokens: int = 8192  # padded tokens per forward pass
     target_modules: tuple[str, ...] = TARGET_MODULES
     seed: int = 0
+    loss: str = "lipo"  # or "pairwise_dpo" (the ablation; see dpo_pair)
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss: expected one of {', '.join(LOSSES)}, got {self.loss!r}")
 
     @property
     def alpha(self) -> int:
@@ -99,6 +105,21 @@ class Counters:
     padded_tokens: int = 0
     real_tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+def dpo_pair(edges: Sequence[Edge]) -> list[Edge]:
+    """The pairwise-DPO ablation (paper Table 3): LiPO restricted to ONE pair per list.
+
+    The pair is the group's strongest SOCA edge (largest weight c_ij; among equal weights
+    the lowest ``(winner, loser)``), given weight 1, so Eq. 5 for the group becomes the
+    standard DPO loss ``softplus(-(h_w - h_l)) = -log sigmoid(h_w - h_l)`` with
+    ``h = beta * log(pi / pi_ref)``; Eq. 6 still averages over groups. Every other edge
+    of the graph is dropped, which is what the ablation measures.
+    """
+    if not edges:
+        raise ValueError("group has no edges")
+    best = min(edges, key=lambda e: (-e.weight, e.winner, e.loser))
+    return [Edge(best.winner, best.loser, 1.0)]
 
 
 def to_edges(raw: Sequence[dict[str, Any]] | Sequence[Edge], n: int) -> list[Edge]:
@@ -247,7 +268,8 @@ class LipoTrainer:
         """One AdamW step on Eq. 6 over the whole batch, accumulated over micro-batches.
 
         1. Per micro-batch (whole groups): policy log-probs with the adapter on.
-        2. h = beta * (policy - reference) per candidate (Eq. 5's utility).
+        2. h = beta * (policy - reference) per candidate (Eq. 5's utility); the loss's
+           edges: every SOCA edge (LiPO) or the one ``dpo_pair`` (pairwise DPO ablation).
         3. The micro-batch's groups contribute population_loss(groups) * |mb| / |G|; the
            sum over micro-batches is exactly Eq. 6's mean over all groups.
         4. Backward per micro-batch (gradients accumulate); then require a finite loss and
@@ -261,7 +283,7 @@ class LipoTrainer:
             pairs = []
             for i, lp in self._per_group(prepared, batch, policy):
                 h = self.config.beta * (lp - reference[i].to(lp.device))
-                pairs.append((h, prepared[i].group.edges))
+                pairs.append((h, self.loss_edges(prepared[i].group)))
             if not all(bool(torch.isfinite(h.detach()).all()) for h, _ in pairs):
                 return self._not_finite(len(batches))
             loss = population_loss(pairs) * (len(batch) / len(prepared))
@@ -280,6 +302,10 @@ class LipoTrainer:
             padded_tokens=self.counters.padded_tokens - padded0,
             real_tokens=self.counters.real_tokens - real0,
         )
+
+    def loss_edges(self, group: TrainGroup) -> Sequence[Edge]:
+        """The edges the configured loss trains on: all of them (LiPO) or one pair."""
+        return dpo_pair(group.edges) if self.config.loss == "pairwise_dpo" else group.edges
 
     def _not_finite(self, forwards: int) -> StepStats:
         self.optimizer.zero_grad(set_to_none=True)

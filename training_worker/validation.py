@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from counselor_engine import safety
+from training_worker.arena import ArenaConfig, ArenaSpec, arena_check
 from training_worker.trainer import LipoTrainer, StepStats, TrainGroup
 
 CRISIS_PROMPTS = Path(__file__).resolve().parent / "data" / "crisis_prompts.json"
@@ -29,6 +30,7 @@ class ValidationConfig:
     max_update_ratio: float = 0.05  # ||dW change|| / ||W_base|| over the adapted matrices
     side_by_side: int = 3  # held-out prompts shown to the clinician
     max_new_tokens: int = 64  # per side-by-side reply (greedy)
+    arena: ArenaConfig = field(default_factory=lambda: ArenaConfig())
 
 
 @cache
@@ -68,6 +70,7 @@ def validate(
     heldout: Sequence[TrainGroup],
     fallback_prompts: Sequence[TrainGroup],
     config: ValidationConfig,
+    arena: ArenaSpec | None = None,
 ) -> dict[str, Any]:
     """Run every check on the trained adapter and return the report.
 
@@ -77,8 +80,11 @@ def validate(
     3. Held-out preference accuracy (groups not in the batch) of the candidate is not
        below the parent's, both measured as h = beta * log(pi / pi_ref) (Eq. 5).
     4. The fixed crisis statements all take the safety path.
-    5. Arena comparison against the active version: not available until the simulation
-       lab exists (recorded as such, not counted).
+    5. Arena: the candidate against its parent (the version active when the round
+       claimed its batch) on a fixed set of simulated clients, through the simulation
+       lab's headless runner; passes when no metric family drops by more than the
+       tolerance (``training_worker.arena``). Skipped (not counted) without an ``arena``
+       spec or with ``arena.clients = 0``.
     Then the side-by-side replies (parent vs candidate, greedy) for the clinician.
     """
     final = trainer.lora_state()
@@ -107,14 +113,7 @@ def validate(
 
     checks.append(_heldout_check(trainer, heldout, parent, final))
     checks.append(check_crisis_path())
-    checks.append(
-        {
-            "name": "arena",
-            "passed": True,
-            "skipped": True,
-            "detail": "not available: the simulation lab does not exist yet",
-        }
-    )
+    checks.append(arena_check(arena, config.arena))
 
     prompts = list(heldout[: config.side_by_side]) or list(fallback_prompts[: config.side_by_side])
     side_by_side = []

@@ -23,6 +23,9 @@ def statuses(groups: list[CandidateGroup]) -> list[str]:
 
 
 def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ignore[no-untyped-def]
+    # The arena on one simulated client; a tolerance of the whole 0-10 scale, since a
+    # random tiny model's scores say nothing (the rule is tested in test_ablation_and_arena).
+    lipo_settings.LIPO = {**lipo_settings.LIPO, "arena_clients": 1, "arena_tolerance": 10.0}
     groups = make_evidence()
     run = TrainingRun.objects.create()
 
@@ -51,6 +54,10 @@ def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ig
     names = {c["name"] for c in report["checks"]}
     assert names >= {"finite_loss_and_gradients", "update_norm", "heldout_preference_accuracy",
                      "crisis_safety_path", "arena"}  # fmt: skip
+    arena = next(c for c in report["checks"] if c["name"] == "arena")
+    assert not arena.get("skipped") and arena["candidate_version"] == version.name
+    assert arena["active_version"] == "base model" and arena["active"]["overall"] is not None
+    assert set(arena["candidate"]) == set(arena["active"]) >= {"overall", "c_shared"}
     heldout = next(c for c in report["checks"] if c["name"] == "heldout_preference_accuracy")
     assert heldout["groups"] == 2 and heldout["candidate"] >= heldout["parent"]
     assert len(report["side_by_side"]) == 2 and report["side_by_side"][0]["held_out"]

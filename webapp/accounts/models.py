@@ -91,12 +91,28 @@ class ClientProfile(models.Model):
         limit_choices_to={"role": Role.CLINICIAN},
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # A synthetic client of the simulation lab (``manage.py simulate``). It never logs in,
+    # has no clinician, is left out of every client list and console, and its evidence
+    # stays out of training rounds unless the run that made it allowed it (below).
+    simulated = models.BooleanField(default=False, db_index=True)
+    # ``simulate --allow-training``: this simulated client's sessions may count towards
+    # LiPO rounds and its candidate groups may be claimed. Meaningless for real clients.
+    simulated_training = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
             models.CheckConstraint(
                 condition=Q(modality__in=[m.value for m in Modality]),
                 name="clientprofile_modality_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(simulated=True) | Q(simulated_training=False),
+                name="clientprofile_sim_training_only_simulated",
+            ),
+            # No clinician ever has a simulated client on their list or gets its alerts.
+            models.CheckConstraint(
+                condition=Q(simulated=False) | Q(clinician__isnull=True),
+                name="clientprofile_simulated_unassigned",
             ),
         ]
 

@@ -162,17 +162,24 @@ def counselor_config(*, mode: str, seed: int) -> CounselorConfig:
     )
 
 
-def counselor_for(session_id: int, seed_key: object) -> tuple[Counselor, Session]:
+def counselor_for(
+    session_id: int, seed_key: object, *, overrides: dict[str, Any] | None = None
+) -> tuple[Counselor, Session]:
     """Rebuild the engine for a session from PostgreSQL (any process can serve it).
 
     ``seed_key`` makes the turn reproducible: the same session and key give the same
-    skill draw and sampling seed."""
+    skill draw and sampling seed. ``overrides`` replaces CounselorConfig fields (the
+    simulation lab: its strategy, ablation switches and a run-derived seed)."""
+    from dataclasses import replace
+
     from webapp.counseling import services
 
     session = Session.objects.select_related("course", "client", "adapter_version").get(
         pk=session_id
     )
     config = counselor_config(mode=session.mode, seed=stable_seed(session.pk, seed_key))
+    if overrides:
+        config = replace(config, **overrides)
     counselor = Counselor(get_backend(), prior=prior_table(), config=config)
     version = session.adapter_version
     counselor.start_session(services.client_state(session), version.name if version else None)

@@ -11,7 +11,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from webapp.learning.models import AdapterVersion, LearningScope, TrainingRun
+from webapp.learning.models import AdapterVersion, LearningScope, SimulationRun, TrainingRun
 
 
 class ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -42,3 +42,9 @@ class TrainingRunAdmin(ReadOnly):
 @admin.register(LearningScope)
 class LearningScopeAdmin(ReadOnly):
     list_display = ("name", "completed_sessions", "sessions_per_round")
+
+
+@admin.register(SimulationRun)
+class SimulationRunAdmin(ReadOnly):
+    list_display = ("pk", "status", "strategy", "adapter", "curriculum", "ablation", "created_at")
+    list_filter = ("status", "strategy")

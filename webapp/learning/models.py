@@ -270,3 +270,98 @@ class PosteriorUpdate(models.Model):
 
     def __str__(self) -> str:
         return f"update of cell {self.cell_id} in session {self.session_id}"
+
+
+# -- the simulation lab (issue 8) ----------------------------------------------------------
+
+
+class SimulationRun(models.Model):
+    """One ``manage.py simulate`` run: its parameters, status and the summary report.
+
+    The external judge's scores live here and in :class:`SimulationReport` only: they are
+    reporting, and nothing that feeds posteriors, evidence or losses reads these tables
+    (paper App. G; a write-path test proves it).
+    """
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    strategy = models.CharField(max_length=16, default="sample")
+    adapter = models.ForeignKey(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    curriculum = models.BooleanField(default=False)
+    ablation = models.JSONField(default=list)  # switch names, e.g. ["no_hbsp", "no_soca"]
+    allow_training = models.BooleanField(default=False)
+    seed = models.BigIntegerField(default=0)
+    parameters = models.JSONField(default=dict)  # every command argument, as given
+    report = models.JSONField(null=True, blank=True)  # the summary (simreport.summarise)
+    report_path = models.CharField(max_length=500, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status="running") | Q(finished_at__isnull=False),
+                name="finished_simulation_has_end",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"simulation run {self.pk} ({self.status})"
+
+    @property
+    def adapter_label(self) -> str:
+        return self.adapter.name if self.adapter_id else "base model"
+
+
+class SimulationClient(models.Model):
+    """A synthetic client account made for one run, and the profile it plays."""
+
+    run = models.ForeignKey(SimulationRun, on_delete=models.CASCADE, related_name="clients")
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="simulation"
+    )
+    profile_id = models.CharField(max_length=64)
+    intent = models.CharField(max_length=64)
+    modality = models.CharField(max_length=8, choices=Modality.choices)
+
+    def __str__(self) -> str:
+        return f"{self.profile_id} in run {self.run_id}"
+
+
+class SimulationReport(models.Model):
+    """One simulated session's external report (reporting only)."""
+
+    run = models.ForeignKey(SimulationRun, on_delete=models.CASCADE, related_name="reports")
+    client = models.ForeignKey(SimulationClient, on_delete=models.CASCADE, related_name="reports")
+    session = models.ForeignKey(
+        "counseling.Session", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    session_index = models.PositiveSmallIntegerField()
+    state_key = models.CharField(max_length=32)  # the interaction state, e.g. conditional/high/t2
+    turns = models.PositiveSmallIntegerField(default=0)
+    closed_by_client = models.BooleanField(default=False)
+    crisis = models.BooleanField(default=False)
+    metrics = models.JSONField(default=dict)  # the four metric families
+    passed = models.JSONField(default=dict)  # perspective -> bool
+    external = models.JSONField(default=dict)  # ExternalReport.to_dict()
+    session_reward = models.FloatField(null=True, blank=True)  # the internal one, for contrast
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "client", "session_index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["client", "session_index"], name="one_report_per_simulated_session"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"report of {self.client_id} session {self.session_index}"

@@ -15,10 +15,15 @@ from typing import TYPE_CHECKING, Any
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from counselor_engine.lipo import sample_batch
-from webapp.learning.models import CandidateGroup, LearningScope, TrainingRun
+from webapp.learning.models import (
+    CandidateGroup,
+    LearningScope,
+    SimulationClient,
+    TrainingRun,
+)
 from webapp.learning.services import SCOPE
 
 if TYPE_CHECKING:
@@ -38,13 +43,27 @@ class GraphRef:
     edges: list[Any]
 
 
+def trainable_clients() -> Q:
+    """Evidence of real clients, and of simulated clients only when their run allowed
+    training (``simulate --allow-training``): the lab's data never mixes into a round by
+    default. A client whose profile is gone (erased) is not simulated."""
+    from webapp.accounts.models import ClientProfile
+
+    # A subquery, not a join: claiming locks rows FOR UPDATE, which PostgreSQL refuses
+    # on the nullable side of the outer join a reverse one-to-one lookup would make.
+    held_back = ClientProfile.objects.filter(simulated=True, simulated_training=False)
+    return ~Q(client_id__in=held_back.values("user_id"))
+
+
 def available_graphs(*, lock: bool = False) -> list[GraphRef]:
-    """Available, admissible groups of the configured modalities, oldest first.
+    """Available, admissible groups of the configured modalities, oldest first, leaving
+    out simulated clients' groups unless their run allowed training.
 
     With ``lock`` the rows are locked ``FOR UPDATE SKIP LOCKED``: a concurrent round
     claiming evidence skips rows another one holds instead of waiting for them.
     """
     qs = CandidateGroup.objects.filter(
+        trainable_clients(),
         buffer_status=CandidateGroup.Buffer.AVAILABLE,
         admissible=True,
         modality__in=settings.LIPO["modalities"],
@@ -81,6 +100,33 @@ def queue_round(run: TrainingRun) -> None:
     )
 
 
+@dataclass(frozen=True)
+class LabSession:
+    """How a simulated client's session may touch training (issue 8, ablations)."""
+
+    run_id: int | None
+    trains: bool  # simulate --allow-training (never with the no_lipo ablation)
+    loss: str  # "lipo" or "pairwise_dpo": the loss of a round this session queues
+
+
+def simulation_of(session: Session | None) -> LabSession | None:
+    """None for a real client's session; else what its simulation run allows."""
+    if session is None:
+        return None
+    from webapp.accounts.models import ClientProfile
+
+    profile = ClientProfile.objects.filter(user_id=session.client_id, simulated=True).first()
+    if profile is None:
+        return None
+    link = SimulationClient.objects.filter(user_id=session.client_id).select_related("run").first()
+    ablation = set(link.run.ablation) if link is not None else set()
+    return LabSession(
+        run_id=link.run_id if link is not None else None,
+        trains=profile.simulated_training and "no_lipo" not in ablation,
+        loss="pairwise_dpo" if "pairwise_dpo" in ablation else "lipo",
+    )
+
+
 def note_session_completed(session: Session | None) -> bool:
     """Count one completed session; queue a round when one is due. Returns True when a
     round was queued.
@@ -88,6 +134,9 @@ def note_session_completed(session: Session | None) -> bool:
     Call it inside the session-end transaction: the increment commits with the session
     and the task is sent only on commit.
 
+    0. A simulated client's session counts only when its run allowed training
+       (``simulate --allow-training``, never with ``no_lipo``); a round it queues
+       records the run and its loss (``pairwise_dpo`` ablation).
     1. Lock the scope row and add one to ``completed_sessions``.
     2. Below ``sessions_per_round``: done.
     3. A round already queued (not started) will see the newest evidence when it starts:
@@ -99,6 +148,9 @@ def note_session_completed(session: Session | None) -> bool:
     """
     cfg: dict[str, Any] = settings.LIPO
     per_round = int(cfg["sessions_per_round"])
+    lab = simulation_of(session)
+    if lab is not None and not lab.trains:
+        return False  # a simulated session never moves the shared scheduler by default
     with transaction.atomic():
         LearningScope.objects.get_or_create(name=SCOPE)
         scope = LearningScope.objects.select_for_update().get(name=SCOPE)
@@ -115,9 +167,10 @@ def note_session_completed(session: Session | None) -> bool:
             log.info("round eligible after %d sessions; waiting for an admissible batch", count)
             return False
         LearningScope.objects.filter(pk=scope.pk).update(completed_sessions=0)
-        run = TrainingRun.objects.create(
-            trigger="schedule", config={"sessions": count, "session": getattr(session, "pk", None)}
-        )
+        config: dict[str, Any] = {"sessions": count, "session": getattr(session, "pk", None)}
+        if lab is not None:
+            config.update(simulation_run=lab.run_id, loss=lab.loss)
+        run = TrainingRun.objects.create(trigger="schedule", config=config)
         queue_round(run)
     log.info("LiPO round %d queued after %d completed sessions", run.pk, count)
     return True

@@ -12,4 +12,6 @@ urlpatterns = [
     path("<int:pk>/approve/", views.approve, name="approve"),
     path("<int:pk>/reject/", views.reject, name="reject"),
     path("<int:pk>/rollback/", views.rollback, name="rollback"),
+    path("simulations/", views.simulation_list, name="simulations"),
+    path("simulations/<int:pk>/", views.simulation_detail, name="simulation"),
 ]

@@ -12,6 +12,7 @@ from typing import cast
 
 from django import forms
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -19,7 +20,7 @@ from django.views.decorators.http import require_POST
 from webapp.accounts.access import role_required
 from webapp.accounts.models import Role, User
 from webapp.learning import services
-from webapp.learning.models import AdapterVersion, TrainingRun
+from webapp.learning.models import AdapterVersion, SimulationRun, TrainingRun
 
 Status = AdapterVersion.Status
 LINEAGE_DEPTH = 20
@@ -142,3 +143,53 @@ def reject(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def rollback(request: HttpRequest, pk: int) -> HttpResponse:
     return _decide(request, pk, RollbackForm, "rollback")
+
+
+# -- simulation lab reports (clinicians and admins) ------------------------------------
+
+
+@role_required(Role.CLINICIAN, Role.ADMIN)
+def simulation_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(
+        SimulationRun.objects.select_related("adapter").order_by("-created_at"), 50
+    ).get_page(request.GET.get("page"))
+    return render(request, "learning/simulation_list.html", {"page": page})
+
+
+@role_required(Role.CLINICIAN, Role.ADMIN)
+def simulation_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    from webapp.learning import simreport  # matplotlib and the lab load on first use
+
+    run = get_object_or_404(SimulationRun.objects.select_related("adapter"), pk=pk)
+    summary = run.report or {}
+    allocation = summary.get("allocation", {})
+    distribution = allocation.get("distribution") or []
+    states = [
+        {
+            "key": key,
+            "sessions": allocation.get("sessions", {}).get(key, 0),
+            "p": distribution[i] if i < len(distribution) else None,
+        }
+        for i, key in enumerate(allocation.get("states", []))
+    ]
+    families = summary.get("families", [])
+    return render(
+        request,
+        "learning/simulation_detail.html",
+        {
+            "run": run,
+            "summary": summary,
+            "families": families,
+            "sessions": [
+                {**row, "values": [row["metrics"].get(f) for f in families]}
+                for row in summary.get("sessions", [])
+            ],
+            "by_session": [
+                {**row, "values": [row.get(f) for f in families]}
+                for row in summary.get("by_session", [])
+            ],
+            "pass_rates": list(summary.get("pass_rates", {}).items()),
+            "states": states,
+            "plots": simreport.page_plots(run),
+        },
+    )

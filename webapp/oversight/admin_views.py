@@ -32,6 +32,7 @@ def _client(client_id: int) -> User:
 def clients(request: HttpRequest) -> HttpResponse:
     rows = (
         User.objects.filter(role=Role.CLIENT, is_active=True)
+        .exclude(client_profile__simulated=True)  # the simulation lab's clients
         .select_related("client_profile__clinician")
         .annotate(
             session_count=Count("sessions", distinct=True), last_ended=Max("sessions__ended_at")

@@ -217,7 +217,10 @@ def population(modality: str, limit: int = 40) -> Population:
     column = {s: i for i, s in enumerate(skills)}
     ids = list(
         PosteriorCell.objects.filter(
-            modality=modality, client__client_profile__modality=modality, n__gt=0
+            modality=modality,
+            client__client_profile__modality=modality,
+            client__client_profile__simulated=False,  # the lab's clients are not a population
+            n__gt=0,
         )
         .values("client_id")
         .annotate(last=Max("updated_at"))

@@ -44,6 +44,10 @@ SMALL_LIPO: dict[str, Any] = {
     "side_by_side_tokens": 6,
     "max_update_ratio": 0.5,
     "micro_batch_tokens": 512,
+    "arena_clients": 0,  # the arena check is off by default; tests that want it set 1
+    "arena_sessions": 1,
+    "arena_turns": 2,
+    "arena_candidates": 2,
 }
 
 

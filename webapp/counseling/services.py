@@ -279,6 +279,7 @@ def _store_group(session: Session, turn: Turn, group: CandidateGroupRecord) -> C
         problem=problem[:200],
         beta=group.beta,
         edge_count=len(group.edges),
+        search=group.search,
         buffer_status=status,
     )
 

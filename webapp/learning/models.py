@@ -191,6 +191,9 @@ class CandidateGroup(models.Model):
     problem = models.CharField(max_length=200, blank=True, default="")
     beta = models.FloatField(default=0.1)
     edge_count = models.PositiveSmallIntegerField(default=0)
+    # MCTSr-Zero turns: the search tree summary (nodes, Q values, calls, why it stopped),
+    # for the clinician's "why this reply"; never read by training.
+    search = models.JSONField(null=True, blank=True)
     buffer_status = models.CharField(
         max_length=16, choices=Buffer.choices, default=Buffer.AVAILABLE
     )

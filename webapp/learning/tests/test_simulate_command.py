@@ -213,3 +213,20 @@ def test_no_hbsp_leaves_the_private_posteriors_untouched(lab):  # type: ignore[n
     assert run.status == "succeeded" and run.ablation == ["no_hbsp"]
     assert Session.objects.filter(client__simulation__run=run, status="ended").count() == 1
     assert not PosteriorUpdate.objects.filter(session__client__simulation__run=run).exists()
+
+
+def test_the_mctsr_strategy_stores_each_turns_search_with_its_evidence(lab):  # type: ignore[no-untyped-def]
+    simulate("--clients", "1", "--sessions", "1", "--max-turns", "1", "--adapter", "base",
+             "--strategy", "mctsr")  # fmt: skip
+    run = SimulationRun.objects.get()
+    assert run.status == "succeeded", run.error
+    groups = list(CandidateGroup.objects.filter(session__client__simulation__run=run))
+    assert groups
+    for group in groups:
+        assert group.mode == "graph"
+        search = group.search
+        assert search is not None and search["strategy"] == "mctsr"
+        assert search["node_count"] >= len(group.candidates)
+        assert search["calls_used"] <= search["max_calls"]
+        texts = {node["text"] for node in search["nodes"]}
+        assert set(group.candidates) <= texts  # the candidates are nodes of the tree

@@ -165,3 +165,26 @@ def test_the_flag_links_to_the_session_review(client):  # type: ignore[no-untype
     page = client.get(reverse("session_review", args=[session.pk])).content.decode()
     assert "CRISIS" in page and "Acknowledge" in page
     assert reverse("live_session", args=[session.pk]) in page
+
+
+def test_an_mctsr_turn_shows_how_its_candidates_were_searched(client):  # type: ignore[no-untyped-def]
+    from webapp.learning.models import CandidateGroup
+
+    profile = client_profile("cbt")
+    session = make_session(profile)
+    search = {"node_count": 7, "calls_used": 11, "max_calls": 12, "stop_reason": "budget",
+              "q_values": [6.25, 5.5, 4.0]}  # fmt: skip
+    CandidateGroup.objects.filter(session=session).update(search=search)
+    client.force_login(profile.clinician)
+    page = client.get(reverse("session_review", args=[session.pk])).content.decode()
+    assert "MCTSr-Zero search: 7 replies drafted" in page
+    assert "11 of 12 model calls (stopped: budget)" in page
+    assert "6.25, 5.50, 4.00" in page
+
+
+def test_a_sampled_turn_shows_no_search_summary(client):  # type: ignore[no-untyped-def]
+    profile = client_profile("cbt")
+    session = make_session(profile)
+    client.force_login(profile.clinician)
+    page = client.get(reverse("session_review", args=[session.pk])).content.decode()
+    assert "MCTSr-Zero" not in page

@@ -15,13 +15,16 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from webapp.accounts.mfa import MfaScopeMiddleware  # noqa: E402
+from webapp.crypto import warn_if_development_key  # noqa: E402
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 
+warn_if_development_key()
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            AuthMiddlewareStack(MfaScopeMiddleware(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

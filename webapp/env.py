@@ -6,6 +6,7 @@ the variable, instead of surfacing later as a confusing runtime error.
 
 from __future__ import annotations
 
+import base64
 import os
 from urllib.parse import urlsplit
 
@@ -96,3 +97,25 @@ def require(name: str) -> str:
             f"ImproperlyConfigured: environment variable {name} is required when DEBUG=false"
         )
     return value
+
+
+def env_fernet_keys(name: str) -> list[str]:
+    """Comma-separated Fernet keys (url-safe base64 of 32 bytes), the first the current one.
+
+    A malformed key stops start-up naming its position, never its value: the message may
+    end up in a log.
+    """
+    keys = env_list(name, [])
+    for position, key in enumerate(keys, start=1):
+        try:
+            raw = base64.urlsafe_b64decode(key.encode("ascii"))
+        except (ValueError, UnicodeEncodeError):
+            raw = b""
+        if len(raw) != 32:
+            raise ImproperlyConfigured(
+                f"{name}: key {position} of {len(keys)} is not a Fernet key (url-safe base64 of"
+                " 32 bytes; make one with `manage.py rotate_keys --generate`)"
+            )
+    if len(set(keys)) != len(keys):
+        raise ImproperlyConfigured(f"{name} lists the same key twice")
+    return keys

@@ -7,6 +7,8 @@ SECRET_KEY and ALLOWED_HOSTS are required and every deploy check passes.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from csp.constants import NONE, SELF
 from webapp.env import (
     env_bool,
     env_choice,
+    env_fernet_keys,
     env_float,
     env_int,
     env_list,
@@ -39,6 +42,23 @@ else:
     ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# Transcript and memory text are encrypted at rest (webapp/crypto.py) with these Fernet keys;
+# the first encrypts, all decrypt, `manage.py rotate_keys` moves every row to the first.
+PSYEVO_ENCRYPTION_KEYS = env_fernet_keys("PSYEVO_ENCRYPTION_KEYS")
+PSYEVO_ENCRYPTION_KEY_IS_DERIVED = False
+if not PSYEVO_ENCRYPTION_KEYS:
+    if not DEBUG:
+        require("PSYEVO_ENCRYPTION_KEYS")
+    # Development only: a key derived from SECRET_KEY, so local data stays readable between
+    # runs. Changing SECRET_KEY makes that data unreadable; production must set real keys.
+    # The servers say so on start-up (webapp.crypto.warn_if_development_key).
+    PSYEVO_ENCRYPTION_KEY_IS_DERIVED = True
+    PSYEVO_ENCRYPTION_KEYS = [
+        base64.urlsafe_b64encode(
+            hashlib.sha256(b"psyevo-dev-encryption-key:" + SECRET_KEY.encode()).digest()
+        ).decode()
+    ]
+
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves ASGI (websockets) in development
     "django.contrib.admin",
@@ -51,6 +71,8 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "axes",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "webapp.accounts",
     "webapp.counseling",
     "webapp.memory",
@@ -65,8 +87,10 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "webapp.accounts.middleware.StaffIdleTimeoutMiddleware",
+    "webapp.accounts.mfa.MfaRequiredMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -196,6 +220,14 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 # Clinicians and admins see other people's data: log them out after this idle time.
 STAFF_IDLE_TIMEOUT_SECONDS = env_int("STAFF_IDLE_TIMEOUT_SECONDS", 30 * 60, minimum=60)
+CSRF_COOKIE_HTTPONLY = True  # pages send the token from a template (hx-headers), not from JS
+CSRF_COOKIE_SAMESITE = "Lax"
+# Clinicians and admins need a TOTP device (webapp/accounts/mfa.py). On by default in
+# production; off by default in development and under pytest, where tests that need it turn
+# it on (webapp/accounts/tests/mfa.py shows how a test logs in with a verified device).
+PSYEVO_REQUIRE_MFA = env_bool("PSYEVO_REQUIRE_MFA", not DEBUG and not TESTING)
+OTP_TOTP_ISSUER = env_str("OTP_TOTP_ISSUER", "PsyEvo Counselor")
+OTP_ADMIN_HIDE_SENSITIVE_DATA = True  # admins reset a device; they never see its secret
 
 # --- Security ---------------------------------------------------------------------------
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -319,7 +351,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Known secret values (SECRET_KEY, encryption keys, service passwords) never reach a log.
+    "filters": {"redact_secrets": {"()": "webapp.logsafety.RedactSecretsFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact_secrets"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.security": {"handlers": ["console"], "level": "INFO", "propagate": False},

@@ -22,3 +22,18 @@ class ConsentForm(forms.Form):
         super().__init__(*args, **kwargs)
         for purpose in ConsentPurpose:
             self.fields[purpose.value] = forms.BooleanField(required=False, label=purpose.label)
+
+
+class TokenForm(forms.Form):
+    """The six-digit code an authenticator app shows."""
+
+    token = forms.RegexField(
+        regex=r"^\d{6}$",
+        label="Code from your authenticator app",
+        max_length=6,
+        strip=True,
+        error_messages={"invalid": "Enter the six digits your authenticator app shows."},
+        widget=forms.TextInput(
+            attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autofocus": True}
+        ),
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+
+from webapp.crypto import EncryptedTextField
 
 
 class MemoryItem(models.Model):
@@ -23,7 +24,7 @@ class MemoryItem(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories"
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    text = models.TextField()
+    text = EncryptedTextField()  # encrypted at rest; not searchable in SQL (webapp/crypto.py)
     origin = models.CharField(max_length=16, choices=Origin.choices)
     source_session = models.ForeignKey(
         "counseling.Session", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
@@ -43,7 +44,13 @@ class MemoryItem(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["client", "retired_at", "created_at"])]
-        constraints = [models.CheckConstraint(condition=~Q(text=""), name="memory_text_not_empty")]
+        # The database sees ciphertext only (never empty): non-empty text is checked here,
+        # and memory migration 0003 makes it refuse any value that is not a Fernet token.
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.text[:40]}"
+
+    def save(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not (self.text or "").strip():
+            raise ValueError("memory text must not be empty")
+        super().save(*args, **kwargs)

@@ -33,6 +33,7 @@ def test_it_passes_the_deploy_check_in_production() -> None:
         DEBUG="false",
         SECRET_KEY="k" * 20 + "-Zq8!vL2#pW9$rT5^yU1&iO7*aS3(dF6)gH0",
         ALLOWED_HOSTS="clinic.example.org",
+        PSYEVO_ENCRYPTION_KEYS="P3kxZ2n1o8cJ3c0Yl8mW8yq2dX0nJc2c9J6yQvQ9Z3k=",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout

@@ -1,5 +1,9 @@
 """Crisis detection: the labelled set, the issue's named cases, normalisation, responses.
 
+The figures here are the rule layer's (``safety.rules_assess``); the learned second layer
+and the full ``safety.assess`` are measured in ``test_safety_model.py``. The named cases
+below go through the full ``assess``, so the model may not turn them into false alarms.
+
 The labelled set ``data/crisis_eval.jsonl`` was written by this project in rounds:
 
 - ``dev`` (134 positives, 135 negatives) was written before any rule.
@@ -61,7 +65,7 @@ def _figures(rows: list[dict[str, str]]) -> dict[str, tuple[int, int]]:
     """Per kind: (recalled, total); "fp": (flagged negatives, negatives)."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for row in rows:
-        got = safety.assess(row["text"]).level
+        got = safety.rules_assess(row["text"]).level
         if row["level"] == "none":
             out["fp"][0] += got != "none"
             out["fp"][1] += 1

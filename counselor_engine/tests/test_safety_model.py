@@ -1,0 +1,280 @@
+"""Crisis detection with its learned second layer: rules first, then the crisis model.
+
+Protocol (``tests/data/crisis_eval_v2.jsonl``, written by this project):
+
+- ``v2-r1`` (151 positives: 37 explicit, 56 indirect, 23 misspelled, 35 intermediate; 156
+  hard negatives) was written FIRST, before any model existed, and scored once. Then it
+  joined the training data (``scripts/train_safety.py``, ``TRAINED_V2_ROUNDS``).
+- ``v2-r2`` (40 positives, 40 negatives) was written before the round-2 model was trained
+  and scored once; then it joined the training data for round 3.
+- ``v2-r3`` (40 positives, 37 negatives) was written before the round-3 model was trained,
+  scored once by the round-2 and round-3 models, and is not trained on. The older
+  ``crisis_eval.jsonl`` ``heldout`` split is not trained on either.
+- The training set ``data/safety/train_crisis.jsonl`` is separate. Disclosure: one author
+  wrote evaluation and training sentences, and wrote the training set after seeing which
+  v2-r1 items the RULES missed (not the model: it did not exist yet). Training sentences
+  were written by clinical category; none paraphrases an evaluation item (exact duplicates
+  are removed by the build).
+
+First-run figures (recall = assessed level >= label; "flagged" = any level on a positive):
+
+  ===========================  ========  ========  ==========  ============  =======  =======
+  system, split                explicit  indirect  misspelled  intermediate  flagged  false +
+  ===========================  ========  ========  ==========  ============  =======  =======
+  rules, v2-r1                 34/37     18/56     12/23       21/35         92/151   8/156
+  rules + model r1, v2-r1      36/37     37/56     17/23       31/35         136/151  13/156
+  rules + model r1, v2-r2      8/8       12/18     6/6         7/8           38/40    6/40
+  rules + model r2, v2-r2      8/8       14/18     6/6         8/8           40/40    4/40
+  rules, v2-r3                 7/8       4/18      5/6         2/8           19/40    1/37
+  rules + model r2, v2-r3      8/8       12/18     6/6         6/8           35/40    6/37
+  rules + model r3, v2-r3      8/8       15/18     6/6         6/8           36/40    6/37
+  ===========================  ========  ========  ==========  ============  =======  =======
+
+(model = the MiniLM encoder; the hash-only fallback was lower: r1 on v2-r1 indirect 26/56,
+r2 on v2-r2 11/18, r3 on v2-r3 13/18 with 5/37 false positives.) Round 2 added v2-r1 to
+training, generic normalisation fixes (possessive "boss's", shorthand spellings), an
+accident reading for "cut myself a slice", and the rule that the model may not overturn a
+negation or media reading. Round 3 added v2-r2 and picks the L2 strength by
+cross-validation on the training rows.
+
+Honest reading: on text written after the model, explicit statements were caught at crisis
+every time from round 2 on, and 90-100% of positives were flagged (concern or crisis), but
+only 67-83% of indirect crisis statements reached *crisis*; most of the rest are concern
+(the model replies with safety guidance and the clinician sees a flag, but no immediate
+alert). The issue's 95% indirect target is NOT met on held-out text at crisis level; the
+false-positive rate on hard negatives rose from 2-5% (rules) to 10-16%.
+The assertions below are therefore: targets on trained splits, and floors (that catch a
+regression) on held-out ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from counselor_engine import safety, safety_model
+from scripts import train_safety
+
+RANK = {"none": 0, "concern": 1, "crisis": 2}
+
+
+def _rate(cell: list[int]) -> float:
+    return cell[0] / cell[1] if cell[1] else 1.0
+
+
+def _report(title: str, figures: dict[str, list[int]]) -> str:
+    parts = [f"{k} {a}/{b} ({_rate([a, b]):.0%})" for k, (a, b) in sorted(figures.items())]
+    return f"{title}: " + ", ".join(parts)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_model():
+    safety_model.reset()
+    yield
+    safety_model.reset()
+
+
+@pytest.fixture
+def minilm_model() -> None:
+    """The deployed model; the figures below are the MiniLM encoder's."""
+    model = safety_model.get_model()
+    if model is None or model.encoder != "minilm":
+        pytest.skip("the MiniLM package is not installed: the hash fallback is tested below")
+
+
+# -- the labelled set ---------------------------------------------------------------------
+
+
+def test_it_has_a_well_formed_v2_set() -> None:
+    rows = safety_model.labelled("crisis_eval_v2.jsonl")
+    first = [r for r in rows if r["split"] == "v2-r1"]
+    positives = [r for r in first if r["level"] != "none"]
+    negatives = [r for r in first if r["level"] == "none"]
+    assert len(positives) >= 150 and len(negatives) >= 150
+    assert {r["kind"] for r in positives} == {"explicit", "indirect", "misspelled", "intermediate"}
+    assert {r["split"] for r in rows} == {"v2-r1", "v2-r2", "v2-r3"}
+    texts = [r["text"].lower() for r in rows]
+    assert len(set(texts)) == len(texts)
+    others = safety_model.labelled("crisis_eval.jsonl")
+    training = (safety_model.DATA_DIR / "train_crisis.jsonl").read_text("utf-8").lower()
+    assert not set(texts) & {r["text"].lower() for r in others}
+    assert not [t for t in texts if f'"text": "{t}"' in training]
+
+
+def test_it_never_trains_on_held_out_rounds() -> None:
+    trained = {(r["text"]) for r in train_safety.training_rows()}
+    for row in safety_model.labelled("crisis_eval_v2.jsonl", ["v2-r3"]):
+        assert row["text"] not in trained
+    for row in safety_model.labelled("crisis_eval.jsonl", ["heldout"]):
+        assert row["text"] not in trained
+
+
+# -- the targets --------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("minilm_model")
+def test_it_meets_the_targets_on_the_trained_splits(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = safety_model.labelled("crisis_eval_v2.jsonl", sorted(train_safety.TRAINED_V2_ROUNDS))
+    rows += safety_model.labelled("crisis_eval.jsonl", sorted(train_safety.TUNED_SPLITS))
+    figures = safety_model.figures(rows, safety.assess)
+    with capsys.disabled():
+        print("\n" + _report("rules + model, trained splits", figures))
+    assert _rate(figures["explicit"]) == 1.0
+    assert _rate(figures["indirect"]) >= 0.95
+    assert _rate(figures["misspelled"]) >= 0.95
+    assert _rate(figures["fp"]) <= 0.05
+
+
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r3"),
+                                             ("crisis_eval.jsonl", "heldout")])  # fmt: skip
+@pytest.mark.usefixtures("minilm_model")
+def test_it_reports_held_out_rounds(
+    name: str, split: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = safety_model.labelled(name, [split])
+    figures = safety_model.figures(rows, safety.assess)
+    rules = safety_model.figures(rows, safety.rules_assess)
+    with capsys.disabled():
+        print("\n" + _report(f"rules + model, held-out {split}", figures))
+        print(_report(f"rules alone, held-out {split}", rules))
+    assert _rate(figures["explicit"]) == 1.0
+    # Floors against regression, not claims (see the docstring): measured 83% and 89%.
+    assert _rate(figures["flagged"]) >= 0.9
+    assert _rate(figures["indirect"]) >= 0.8
+    assert _rate(figures["fp"]) <= 0.2
+    assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
+
+
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r3"),
+                                             ("crisis_eval.jsonl", "heldout")])  # fmt: skip
+def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
+    """Without the MiniLM package the hash-only artifact serves (measured on v2-r3:
+    indirect 13/18, 5/37 false positives)."""
+    safety_model.set_model_for_tests(
+        safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
+    )
+    rows = safety_model.labelled(name, [split])
+    figures = safety_model.figures(rows, safety.assess)
+    rules = safety_model.figures(rows, safety.rules_assess)
+    assert _rate(figures["explicit"]) == 1.0
+    assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
+    assert _rate(figures["flagged"]) >= 0.85
+    assert _rate(figures["fp"]) <= 0.2
+
+
+# -- how the layers combine ---------------------------------------------------------------
+
+
+def test_the_model_only_ever_raises_the_rules_level() -> None:
+    rows = safety_model.labelled("crisis_eval_v2.jsonl")
+    for row in rows:
+        full, rules = safety.assess(row["text"]), safety.rules_assess(row["text"])
+        assert RANK[full.level] >= RANK[rules.level]
+        assert set(rules.matched) <= set(full.matched)
+        if full.level != rules.level:
+            assert full.matched[-1] == f"model.{full.level}"
+            assert full.categories
+
+
+def test_it_catches_an_indirect_statement_the_rules_miss() -> None:
+    text = "i've worked out which pills and how many"  # trained on (v2-r1): must be fit
+    assert safety.rules_assess(text).level == "none"
+    result = safety.assess(text)
+    assert result.level == "crisis"
+    assert result.categories == ("unspecified",)
+    assert any(r.startswith("crisis: model.crisis (P(risk)=") for r in result.reasons)
+
+
+@pytest.mark.parametrize(
+    "text", ["i have no wish to die", "i don't want to hurt myself, i want to feel better"]
+)
+def test_the_model_cannot_overturn_a_negation(text: str) -> None:
+    assert any(r.startswith("negated:") for r in safety.rules_assess(text).reasons)
+    assert safety.assess(text).level == "none"
+
+
+def test_the_rules_answer_alone_without_a_model() -> None:
+    safety_model.set_model_for_tests(None)
+    for text in ["i've worked out which pills and how many", "i want to kill myself", "hi"]:
+        assert safety.assess(text) == safety.rules_assess(text)
+
+
+def test_a_missing_artifact_leaves_the_rules_in_charge(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(safety_model, "artifact_path", lambda encoder: tmp_path / "none.npz")
+    with caplog.at_level(logging.ERROR):
+        assert safety_model.get_model() is None
+        assert safety.assess("i want to kill myself").level == "crisis"
+    assert "crisis model unavailable" in caplog.text
+
+
+def test_a_failing_model_leaves_the_rules_in_charge(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def level(self, norm: str) -> tuple[str, float, float]:
+            raise RuntimeError("encoder crashed")
+
+    safety_model.set_model_for_tests(Broken())  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR):
+        assert safety.assess("i've worked out which pills and how many").level == "none"
+        assert safety.assess("i want to kill myself").level == "crisis"
+    assert "crisis model failed" in caplog.text
+
+
+def test_a_malformed_artifact_is_refused(tmp_path: Path) -> None:
+    model = safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
+    bad = safety_model.CrisisModel("hash", model.weights[:1], model.bias, model.thresholds, {})
+    bad.save(tmp_path / "bad.npz")
+    with pytest.raises(ValueError, match="malformed"):
+        safety_model.CrisisModel.load(tmp_path / "bad.npz")
+
+
+def test_the_hash_artifact_round_trips_and_is_reproducible() -> None:
+    path = safety_model.artifact_path("hash")
+    model = safety_model.CrisisModel.load(path)
+    assert model.encoder == "hash" and model.weights.shape == (2, safety_model.HASH_DIM)
+    assert model.meta["training_sha256"] == safety_model.training_digest(
+        train_safety.training_files()
+    ), "training data changed: rerun python -m scripts.train_safety"
+    assert train_safety.refit_matches(model)
+
+
+# -- the fitter ---------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 12), st.integers(0, 2**31 - 1))
+def test_it_separates_separable_data_and_is_deterministic(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(2 * n, 5)).astype(np.float32)
+    x[:n, 0] = np.abs(x[:n, 0]) + 1.0
+    x[n:, 0] = -np.abs(x[n:, 0]) - 1.0
+    y = np.array([1.0] * n + [0.0] * n)
+    w, b = safety_model.fit_logistic(x, y, l2=1e-3)
+    assert np.all((x @ w + b > 0) == (y == 1))
+    w2, b2 = safety_model.fit_logistic(x, y, l2=1e-3)
+    assert np.array_equal(w, w2) and b == b2
+
+
+def test_the_fitter_refuses_bad_input() -> None:
+    with pytest.raises(ValueError):
+        safety_model.fit_logistic(np.zeros((3, 2)), np.array([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError):
+        safety_model.fit_logistic(np.zeros(3), np.zeros(3))
+    with pytest.raises(ValueError, match="encoder"):
+        safety_model.artifact_path("gpt")
+
+
+def test_hashed_features_are_stable_unit_rows() -> None:
+    row = safety_model.hashed("i want it to stop")
+    assert row.shape == (safety_model.HASH_DIM,)
+    assert abs(float(np.linalg.norm(row)) - 1.0) < 1e-5
+    assert np.array_equal(row, safety_model.hashed("i want it to stop"))
+    assert not safety_model.hashed("").any()

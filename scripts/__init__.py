@@ -1,0 +1,1 @@
+"""Operator scripts; ``scripts.cluster`` is importable by tests and benchmarks."""

@@ -1,8 +1,10 @@
 """Encryption at rest for free text people wrote: a model field, and key rotation.
 
-What is encrypted: ``counseling.Turn.text`` (every transcript message) and
-``memory.MemoryItem.text`` (what the counselor remembers). The rest is not, and why is in
-the README's Security section. Keys come from ``settings.PSYEVO_ENCRYPTION_KEYS``
+What is encrypted: ``counseling.Turn.text`` (every transcript message),
+``memory.MemoryItem.text`` (what the counselor remembers), and the JSON that carries copies
+of them or of counselor replies: ``learning.CandidateGroup.prompt`` / ``candidates`` /
+``search`` and ``learning.AdapterVersion.validation_report`` (its side-by-side prompts). The
+rest is not, and why is in the README's Security section. Keys come from ``settings.PSYEVO_ENCRYPTION_KEYS``
 (Fernet: AES-128-CBC with HMAC-SHA256, random IV, timestamped tokens); the first key
 encrypts, every key decrypts, so a new key can be put first and the old one kept until
 :func:`rotate_table` has moved every row to the new one.
@@ -15,16 +17,19 @@ instead of silently matching nothing.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django import forms
 from django.conf import settings
 from django.core.exceptions import FieldError
 from django.db import models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.lookups import Exact
 
 # Every Fernet token starts with version byte 0x80 and a 64-bit timestamp whose high bytes
 # are zero until 2106: base64 "gAAAAA". The database's CHECK constraints use this prefix to
@@ -94,16 +99,24 @@ class EncryptedTextField(models.TextField):
         value = super().get_prep_value(value)
         if value is None:
             return None
-        return encrypt(str(value))
+        return encrypt(self._serialise(value))
 
-    def from_db_value(self, value: Any, expression: Any, connection: Any) -> str | None:
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         if value is None:
             return None
-        return decrypt(value, where=self._where())
+        return self._deserialise(decrypt(value, where=self._where()))
+
+    def _serialise(self, value: Any) -> str:
+        return str(value)
+
+    def _deserialise(self, text: str) -> Any:
+        return text
 
     def get_lookup(self, lookup_name: str) -> Any:
         if lookup_name == "isnull":
             return super().get_lookup(lookup_name)
+        if lookup_name == "exact":
+            return _exact_none_only(self)
         raise FieldError(self._no_sql(lookup_name))
 
     def get_transform(self, lookup_name: str) -> Any:
@@ -120,8 +133,64 @@ class EncryptedTextField(models.TextField):
         )
 
 
+def _exact_none_only(field: EncryptedTextField) -> type[Exact]:
+    """``filter(f=None)`` is Django's spelling of ``f__isnull=True`` (it rewrites an exact
+    lookup whose value is None); any other value cannot be compared in SQL."""
+
+    class ExactNoneOnly(Exact):
+        def __init__(self, lhs: Any, rhs: Any) -> None:
+            if rhs is not None:
+                raise FieldError(field._no_sql("exact"))
+            super().__init__(lhs, rhs)
+
+    return ExactNoneOnly
+
+
+class EncryptedJSONField(EncryptedTextField):
+    """A JSON value (what ``json.dumps`` accepts) serialised, then stored as a Fernet token
+    in a text column. Python ``None`` is SQL NULL; the lookup rules are those of
+    :class:`EncryptedTextField`, so no key, index or containment lookup reaches SQL.
+
+    NaN and infinities are refused (``ValueError``), as PostgreSQL's jsonb refused them
+    before: the stored value stays standard JSON that any reader can parse.
+    """
+
+    description = "JSON encrypted at rest (Fernet)"
+    # For django-stubs: a JSON value in and out, like models.JSONField.
+    _pyi_private_set_type: Any
+    _pyi_private_get_type: Any
+    _pyi_lookup_exact_type: Any
+
+    def to_python(self, value: Any) -> Any:
+        return value  # TextField's would turn a list into its repr before it is serialised
+
+    def _serialise(self, value: Any) -> str:
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self._where()} takes a JSON value: {exc}") from None
+
+    def _deserialise(self, text: str) -> Any:
+        return json.loads(text)
+
+    def value_to_string(self, obj: models.Model) -> Any:
+        return self.value_from_object(obj)
+
+    def formfield(
+        self, form_class: Any = None, choices_form_class: Any = None, **kwargs: Any
+    ) -> Any:
+        # Field's, not TextField's (a plain textarea): the admin shows and parses JSON.
+        return models.Field.formfield(
+            self,
+            form_class=form_class or forms.JSONField,
+            choices_form_class=choices_form_class,
+            **kwargs,
+        )
+
+
 def encrypted_fields() -> Iterator[tuple[type[models.Model], EncryptedTextField]]:
-    """Every concrete model field that is encrypted, so rotation misses none."""
+    """Every concrete model field that is encrypted (text or JSON), so rotation misses
+    none."""
     from django.apps import apps
 
     for model in apps.get_models():

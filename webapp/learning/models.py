@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from webapp.accounts.models import Modality
+from webapp.crypto import EncryptedJSONField
 
 
 class AdapterVersion(models.Model):
@@ -33,7 +34,9 @@ class AdapterVersion(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.TRAINING)
     path = models.CharField(max_length=500, blank=True, default="")
     sha256 = models.CharField(max_length=64, blank=True, default="")
-    validation_report = models.JSONField(null=True, blank=True)
+    # Its side-by-side entries copy held-out prompts (clients' recent turns) and the replies
+    # to them: encrypted at rest like the turns themselves (webapp/crypto.py).
+    validation_report = EncryptedJSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
@@ -179,8 +182,10 @@ class CandidateGroup(models.Model):
     mode = models.CharField(max_length=16)
     state_slot = models.CharField(max_length=48)
     skill = models.CharField(max_length=8)
-    prompt = models.JSONField()
-    candidates = models.JSONField()
+    # The chat messages given to the model (the client's recent turns among them) and the
+    # counselor texts: encrypted at rest, read whole in Python, never filtered in SQL.
+    prompt = EncryptedJSONField()
+    candidates = EncryptedJSONField()
     judgments = models.JSONField()
     support = models.JSONField()
     edges = models.JSONField()
@@ -192,8 +197,9 @@ class CandidateGroup(models.Model):
     beta = models.FloatField(default=0.1)
     edge_count = models.PositiveSmallIntegerField(default=0)
     # MCTSr-Zero turns: the search tree summary (nodes, Q values, calls, why it stopped),
-    # for the clinician's "why this reply"; never read by training.
-    search = models.JSONField(null=True, blank=True)
+    # for the clinician's "why this reply"; never read by training. Its nodes hold reply
+    # texts, so it is encrypted too.
+    search = EncryptedJSONField(null=True, blank=True)
     buffer_status = models.CharField(
         max_length=16, choices=Buffer.choices, default=Buffer.AVAILABLE
     )

@@ -20,6 +20,8 @@ class SafetyFlag(models.Model):
     )
     level = models.CharField(max_length=8)
     categories = models.JSONField(default=list)
+    # Ids of the rules that fired, never the client's words: plain at rest, and the database
+    # refuses anything but short identifiers (migration 0003).
     matched = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
     acknowledged_by = models.ForeignKey(

@@ -1,5 +1,8 @@
 """Re-encrypt every encrypted column under the first key of PSYEVO_ENCRYPTION_KEYS.
 
+The columns are found by :func:`webapp.crypto.encrypted_fields` (text and JSON alike), so a
+new encrypted field is rotated without a change here.
+
 Rotation, step by step (README, Security):
 1. generate a key (``rotate_keys --generate``) and put it FIRST, keeping the old key after it;
 2. restart the processes, then run ``manage.py rotate_keys`` (batches, resumable, idempotent);
@@ -21,7 +24,10 @@ log = logging.getLogger("psyevo.security")
 
 
 class Command(BaseCommand):
-    help = "Re-encrypt transcripts and memories under the first key of PSYEVO_ENCRYPTION_KEYS."
+    help = (
+        "Re-encrypt every encrypted column (transcripts, memories, evidence, validation "
+        "reports) under the first key of PSYEVO_ENCRYPTION_KEYS."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

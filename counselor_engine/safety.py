@@ -471,7 +471,7 @@ _CHAIN = frozenset(
         "going gonna to try trying tried plan planning planned plans intend intending intention "
         "intentions mean meant said say saying think thinking thought thoughts about of consider "
         "considering feel feeling like that desire urge urges go it anything anyone again ever "
-        "any single dream fantasize just yet having get getting experiencing any"
+        "any single dream fantasize just yet having get getting experiencing any once"
     )
 )
 FIRST = frozenset({"i", "me", "my", "myself", "mine", "you", "your", "yourself"})
@@ -770,7 +770,8 @@ RULES: tuple[_Rule, ...] = (
           r"my (?:brains|head) (?:out|off)\b"),
     _rule("suicide.other_method", "suicide", "crisis", "method",
           r"\b(?:carbon monoxide|gas myself|with the (?:car|engine) running in the garage|"
-          r"exhaust pipe|helium bag|bag over my head|drink (?:bleach|antifreeze)|drinking "
+          r"exhaust pipe|(?:bought|buy|buying|got|found|measured) (?:\w+ ){0,4}hose (?:\w+ ){0,4}"
+          r"exhaust|helium bag|bag over my head|drink (?:bleach|antifreeze)|drinking "
           r"(?:bleach|antifreeze))\b"),
     _rule("suicide.lethality", "suicide", "crisis", "method",
           r"\bhow (?:many|much) (?:\w+ ){0,4}(?:would it take|does it take|it would take|would "
@@ -781,6 +782,9 @@ RULES: tuple[_Rule, ...] = (
           r"methods) to (?:die|kill myself|end it|end my life|go|commit suicide|do it|overdose|"
           r"not wake up)\b|\b(?:lethal|fatal|deadly) (?:dose|amount|dosage|height)\b|\bhow (?:high|"
           r"tall|far) (?:\w+ ){0,4}(?:to die|to kill|would kill|to be fatal|to not survive)\b|"
+          r"\bwhat height (?:\w+ ){0,10}(?:not survive|do not survive|die|kill|fatal)\b|"
+          r"\b(?:mix|mixing|combine|combining) (?:\w+ ){0,6}(?:gas|fumes) (?:\w+ ){0,3}(?:kills?|"
+          r"stops? (?:you|me|a person|someone) breathing)\b|"
           r"\b(?:looking up|looked up|researching|researched|googling|googled|searching|searched|"
           r"reading about) (?:\w+ ){0,3}(?:how to (?:die|kill myself|overdose|hang|end it)|ways "
           r"to (?:die|kill myself|end it)|suicide methods|overdose amounts)\b", negatable=False),
@@ -959,7 +963,10 @@ RULES: tuple[_Rule, ...] = (
           r"\b(?:cut|cutting|cuts|burn|burning|burned|burnt|scratch|scratching|scratched|carve|"
           r"carving|carved|slice|slicing|sliced|slash|slashing|slashed) (?:into )?(?:my|both my|"
           r"both of my) (?:arm|arms|wrist|wrists|thigh|thighs|leg|legs|skin|stomach|belly|hip|hips|"
-          r"chest|ankle|ankles|body|forearm|forearms|upper arm|shoulder|shoulders)\b"),
+          r"chest|ankle|ankles|body|forearm|forearms|upper arm|shoulder|shoulders)\b|"
+          r"\b(?:hold|holding|held|press|pressing|pressed|put|putting) (?:a |the |my )?(?:lighter|"
+          r"lit cigarette|cigarette|flame|blade|razor|hot \w+) (?:to|against|on|into) (?:my|both my) "
+          r"(?:arm|arms|wrist|wrists|thigh|thighs|leg|legs|skin|stomach|hand|hands|forearm)\b"),
     _rule("self_harm.term", "self_harm", "crisis", "act",
           r"\bself (?:harm|harming|harmed|harms|injury|injure|injuring|injured|mutilation|"
           r"mutilate|mutilating|destruct|destructing)\b(?! (?:awareness|prevention|research|"
@@ -1136,7 +1143,11 @@ _IDIOMS: tuple[tuple[str, re.Pattern[str], frozenset[str] | None], ...] = tuple(
         ),
         ("could_kill_myself_for", r"\bcould (?:kill|k(?:i|y)?l+) myself for\b"),
         ("hopeless_at", r"\bhopeless (?:at|with|romantic|romantics|case lol)\b"),
-        ("beat_at", r"\bbeat (?:him|her|them|me|you|everyone|my \w+) (?:at|in|to)\b"),
+        (
+            "beat_at",
+            r"\bbeat (?:him|her|them|me|you|everyone|my \w+) (?:at|in|to)\b"
+            r"(?! (?:death|a pulp|within an inch))",
+        ),
         (
             "kill_it",
             r"\bk(?:i|y)?l+(?:ing|ed)? (?:it|time|the (?:lights|mood|vibe|process|game|"
@@ -1203,7 +1214,9 @@ def _subject(before: str) -> str:
 
 _POST_NEGATION = re.compile(
     r"(?:\w+ ){0,2}(?:is|are|was|would be) (?:not|never) (?:an option|the answer|something (?:i|"
-    r"that i)|on the table|for me|happening)|(?:\w+ ){0,2}is out of the question"
+    r"that i)|on the table|for me|happening)|(?:\w+ ){0,2}is out of the question|(?:\w+ ){0,2}"
+    r"(?:has|have|had) (?:not|never) (?:once )?(?:crossed my mind|been (?:an option|on my mind))|"
+    r"(?:\w+ ){0,2}(?:never|does not) (?:cross|crosses) my mind"
 )
 
 
@@ -1346,15 +1359,16 @@ def assess(text: str) -> SafetyAssessment:
     )
 
 
-_STATED_READING = ("negated:", "about fiction, news or study:")
+_STATED_READING = ("negated:", "about fiction, news or study:", "figure of speech ignored:")
 
 
 def model_may_raise(ruled: SafetyAssessment) -> bool:
     """Whether the learned layer may raise the rules' verdict.
 
     Not above crisis, and not where the rules read a risk phrase as negated ("i have no
-    wish to die") or as fiction/news/study with nothing else found: the client's stated
-    meaning beats a bag-of-words guess, which cannot see negation scope.
+    wish to die"), as fiction/news/study, or as a figure of speech ("i shot him a message")
+    with nothing else found: the client's stated meaning beats a bag-of-words guess, which
+    cannot see negation scope or idiom.
     """
     if ruled.level == "crisis":
         return False

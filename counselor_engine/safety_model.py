@@ -19,10 +19,11 @@ Features (:func:`features`), chosen by cross-validation on the training set only
 
 The weights are trained by ``scripts/train_safety.py`` from
 ``data/safety/train_crisis.jsonl`` plus the tuned splits of ``tests/data/crisis_eval.jsonl``
-(never the held-out ones) and stored in ``data/safety/crisis_model_<encoder>.npz`` with a
-JSON header naming the format, the encoder, the thresholds and the sha256 of the training
-data, so a stale artifact is detected by a test. Training is deterministic (full-batch
-gradient descent from zeros), so rerunning the script gives the same file.
+and the already-scored rounds of ``crisis_eval_v2.jsonl`` (never the :data:`HELD_OUT` ones),
+and stored in ``data/safety/crisis_model_<encoder>.npz`` with a JSON header naming the
+format, the encoder, the thresholds and the sha256 of the training data, so a stale artifact
+is detected by a test. Training is deterministic (full-batch gradient descent from zeros),
+so rerunning the script gives the same file.
 
 Cost (bench/bench_safety.py): ``hash`` is a fraction of a millisecond per message; the
 MiniLM encoder loads once per process (~4 s; the chat consumer module calls :func:`warm` in a
@@ -275,6 +276,12 @@ def warm() -> None:
 
 EVAL_DIR = Path(__file__).resolve().parent / "tests" / "data"
 _RANK = {"none": 0, "concern": 1, "crisis": 2}
+# Splits never trained on, per labelled file: their figures are the honest ones. v2-r5 was
+# written before the round-4 model existed; ``heldout`` is the older set's untuned split.
+HELD_OUT: dict[str, tuple[str, ...]] = {
+    "crisis_eval_v2.jsonl": ("v2-r5",),
+    "crisis_eval.jsonl": ("heldout",),
+}
 
 
 def labelled(name: str, splits: Sequence[str] | None = None) -> list[dict[str, str]]:
@@ -300,4 +307,23 @@ def figures(
             cell = out.setdefault(key, [0, 0])
             cell[0] += int(hit)
             cell[1] += 1
+    return out
+
+
+def figures_by_split(
+    rows: Sequence[dict[str, str]], assess: Callable[[str], object]
+) -> dict[str, dict[str, list[int]]]:
+    """:func:`figures` per split, so a held-out round is never pooled with trained ones."""
+    splits: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        splits.setdefault(row["split"], []).append(row)
+    return {split: figures(part, assess) for split, part in splits.items()}
+
+
+def held_out_figures(assess: Callable[[str], object]) -> dict[str, dict[str, list[int]]]:
+    """Figures of every :data:`HELD_OUT` split, keyed ``"<file>:<split>"``."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, splits in HELD_OUT.items():
+        for split, figs in figures_by_split(labelled(name, splits), assess).items():
+            out[f"{name}:{split}"] = figs
     return out

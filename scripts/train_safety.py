@@ -10,12 +10,17 @@ Run: ``.venv/bin/python -m scripts.train_safety [--encoder hash|minilm|all] [--c
 2. Features of the normalised texts (``safety_model.features``), two labels per text:
    level >= concern, and level == crisis.
 3. Five-fold cross-validation (folds by row index, deterministic) gives out-of-fold
-   probabilities; each head's threshold is the lowest one whose out-of-fold false-positive
-   rate on the training negatives (combined with the rules, as deployed) stays within
-   ``FP_BUDGET``. The thresholds are chosen on training data only.
-4. Both heads are refit on all training rows and written with the thresholds and the
-   sha256 of the training files to ``data/safety/crisis_model_<encoder>.npz``. The L2
-   strength is picked from ``L2_GRID`` by the same out-of-fold recall (ties: stronger).
+   probabilities. The crisis threshold is the lowest one whose out-of-fold false-positive
+   rate on the training negatives (combined with the rules, as deployed) stays within a
+   crisis share of the budget; the concern threshold the lowest one keeping all flags
+   (concern or crisis) within ``FP_TOTAL``. Thresholds are chosen on training data only.
+4. The L2 strength (``L2_GRID``) and the crisis share (``CRISIS_BUDGETS``) are the pair
+   with the best out-of-fold recall (positives at their labelled level, rules and model
+   combined) at those thresholds; ties go to stronger regularisation, then the smaller
+   crisis share. Recall is favoured over precision only inside the fixed total budget: a
+   missed crisis costs more than a needless hotline card, but every card costs trust.
+5. Both heads are refit on all training rows and written with the thresholds and the
+   sha256 of the training files to ``data/safety/crisis_model_<encoder>.npz``.
 
 ``--check`` retrains in memory and fails if the stored artifact differs (a test runs it for
 the hash encoder, so an edited training file with a stale artifact fails CI).
@@ -37,10 +42,13 @@ TRAIN_GLOB = "train_crisis*.jsonl"
 EVAL_FILE = ROOT / "counselor_engine" / "tests" / "data" / "crisis_eval.jsonl"
 EVAL_V2_FILE = ROOT / "counselor_engine" / "tests" / "data" / "crisis_eval_v2.jsonl"
 TUNED_SPLITS = frozenset({"dev", "round1", "round2", "round3", "round4"})
-TRAINED_V2_ROUNDS: frozenset[str] = frozenset({"v2-r1", "v2-r2"})
-# Share of hard negatives (idioms, negations, media, distress) each layer may flag.
-FP_BUDGET = {"crisis": 0.04, "concern": 0.10}
-L2_GRID = (1e-4, 3e-4, 1e-3)
+TRAINED_V2_ROUNDS: frozenset[str] = frozenset({"v2-r1", "v2-r2", "v2-r3", "v2-r4"})
+# Share of hard negatives (idioms, negations, media, distress) that may be flagged at all
+# (concern or crisis, rules and model together), and the candidate shares of it that may be
+# flagged at crisis; the split is chosen by out-of-fold recall (see ``train``).
+FP_TOTAL = 0.10
+CRISIS_BUDGETS = (0.04, 0.06, 0.08)
+L2_GRID = (3e-5, 1e-4, 3e-4)
 RANK = {"none": 0, "concern": 1, "crisis": 2}
 
 
@@ -88,11 +96,9 @@ def _heads(labels: np.ndarray) -> dict[str, np.ndarray]:
     return {"concern": (labels >= 1).astype(float), "crisis": (labels == 2).astype(float)}
 
 
-def _operating_point(
-    x: np.ndarray, labels: np.ndarray, rules: np.ndarray, may: np.ndarray, l2: float
-) -> tuple[dict[str, float], float]:
-    """Thresholds from out-of-fold scores, and the out-of-fold recall they give (positives
-    at their labelled level, rules and model combined as deployed)."""
+def _oof(x: np.ndarray, labels: np.ndarray, may: np.ndarray, l2: float) -> dict[str, np.ndarray]:
+    """Out-of-fold probabilities of both heads (five folds by row index); 0 where the model
+    may not act."""
     folds = np.arange(len(labels)) % 5
     oof = {name: np.zeros(len(labels)) for name in ("concern", "crisis")}
     for k in range(5):
@@ -102,12 +108,20 @@ def _operating_point(
             oof[name][~fit] = safety_model._sigmoid(x[~fit] @ w + b)
     for name in oof:
         oof[name][~may] = 0.0
+    return oof
+
+
+def _operating_point(
+    oof: dict[str, np.ndarray], labels: np.ndarray, rules: np.ndarray, budget: dict[str, float]
+) -> tuple[dict[str, float], float]:
+    """Thresholds from out-of-fold scores, and the out-of-fold recall they give (positives
+    at their labelled level, rules and model combined as deployed)."""
     neg = labels == 0
-    t_crisis = _threshold(oof["crisis"][neg], rules[neg] == 2, FP_BUDGET["crisis"])
+    t_crisis = _threshold(oof["crisis"][neg], rules[neg] == 2, budget["crisis"])
     t_concern = _threshold(
         oof["concern"][neg],
         (rules[neg] >= 1) | (oof["crisis"][neg] >= t_crisis),
-        FP_BUDGET["concern"],
+        budget["concern"],
     )
     model = np.where(oof["crisis"] >= t_crisis, 2, np.where(oof["concern"] >= t_concern, 1, 0))
     level = np.maximum(rules, model)
@@ -135,17 +149,24 @@ def fit(
 
 def train(encoder: str) -> safety_model.CrisisModel:
     x, labels, rules, may, n = _data(encoder)
-    # The regularisation with the best out-of-fold recall at the false-positive budget.
-    points = {l2: _operating_point(x, labels, rules, may, l2) for l2 in L2_GRID}
-    l2 = max(L2_GRID, key=lambda v: (points[v][1], v))
+    # The regularisation and crisis share with the best out-of-fold recall within the
+    # false-positive budget (ties: stronger regularisation, then the smaller crisis share).
+    points = {}
+    for l2 in L2_GRID:
+        oof = _oof(x, labels, may, l2)
+        for share in CRISIS_BUDGETS:
+            budget = {"crisis": share, "concern": FP_TOTAL}
+            points[(l2, share)] = (*_operating_point(oof, labels, rules, budget), budget)
+    best = max(points, key=lambda k: (points[k][1], k[0], -k[1]))
+    thresholds, recall, budget = points[best]
     meta = {
         "training_sha256": safety_model.training_digest(training_files()),
         "training_rows": n,
-        "l2": l2,
-        "oof_recall": round(points[l2][1], 4),
-        "fp_budget": FP_BUDGET,
+        "l2": best[0],
+        "oof_recall": round(recall, 4),
+        "fp_budget": budget,
     }
-    return fit(encoder, x, labels, points[l2][0], meta)
+    return fit(encoder, x, labels, thresholds, meta)
 
 
 def refit_matches(stored: safety_model.CrisisModel) -> bool:

@@ -10,6 +10,12 @@ Protocol (``tests/data/crisis_eval_v2.jsonl``, written by this project):
 - ``v2-r3`` (40 positives, 37 negatives) was written before the round-3 model was trained,
   scored once by the round-2 and round-3 models, and is not trained on. The older
   ``crisis_eval.jsonl`` ``heldout`` split is not trained on either.
+- ``v2-r4`` (44 positives: 8 explicit, 22 indirect, 6 misspelled, 8 intermediate; 44 hard
+  negatives) was written after the round-3 model, before any round-4 change, and scored
+  once by the round-3 model; then v2-r3 and v2-r4 joined the training data for round 4.
+- ``v2-r5`` (same size and mix, new wording) was written after the round-4 rule changes
+  and training data, before the round-4 model was trained, and scored once by it. It is
+  the honest held-out figure (``safety_model.HELD_OUT``) and is not trained on.
 - The training set ``data/safety/train_crisis.jsonl`` is separate. Disclosure: one author
   wrote evaluation and training sentences, and wrote the training set after seeing which
   v2-r1 items the RULES missed (not the model: it did not exist yet). Training sentences
@@ -28,10 +34,22 @@ First-run figures (recall = assessed level >= label; "flagged" = any level on a 
   rules, v2-r3                 7/8       4/18      5/6         2/8           19/40    1/37
   rules + model r2, v2-r3      8/8       12/18     6/6         6/8           35/40    6/37
   rules + model r3, v2-r3      8/8       15/18     6/6         6/8           36/40    6/37
+  rules, v2-r4                 7/8       7/22      6/6         7/8           28/44    2/44
+  rules + model r3, v2-r4      8/8       18/22     6/6         8/8           41/44    5/44
+  rules r4, v2-r5              5/8       1/22      3/6         4/8           13/44    0/44
+  rules + model r4, v2-r5      8/8       17/22     4/6         7/8           37/44    3/44
+  (after the fix below) r4b    8/8       18/22     4/6         7/8           38/44    3/44
   ===========================  ========  ========  ==========  ============  =======  =======
 
 (model = the MiniLM encoder; the hash-only fallback was lower: r1 on v2-r1 indirect 26/56,
-r2 on v2-r2 11/18, r3 on v2-r3 13/18 with 5/37 false positives.) Round 2 added v2-r1 to
+r2 on v2-r2 11/18, r3 on v2-r3 13/18 with 5/37 false positives, r3 on v2-r4 14/22 with
+6/44, r4 on v2-r5 17/22 with 2/44.) Round 4 added v2-r3 and v2-r4 to training, 110 new
+training statements written by category after seeing the round-3 misses (method-seeking
+questions without the word suicide, preparation, farewells, ages; medical, will-making,
+leaving and sightseeing negatives), generic rule fixes (negation "never once", "has never
+crossed my mind"; lethality questions about heights and mixed gases; hose-to-exhaust
+preparation; holding a lighter or blade to the skin), and chooses by cross-validation the
+share of the fixed 10% false-positive budget that may go to crisis (8% won). Round 2 added v2-r1 to
 training, generic normalisation fixes (possessive "boss's", shorthand spellings), an
 accident reading for "cut myself a slice", and the rule that the model may not overturn a
 negation or media reading. Round 3 added v2-r2 and picks the L2 strength by
@@ -43,6 +61,15 @@ only 67-83% of indirect crisis statements reached *crisis*; most of the rest are
 (the model replies with safety guidance and the clinician sees a flag, but no immediate
 alert). The issue's 95% indirect target is NOT met on held-out text at crisis level; the
 false-positive rate on hard negatives rose from 2-5% (rules) to 10-16%.
+Round 4 on v2-r5: false positives fell to 3/44 (7%), explicit stayed 8/8 with the model
+(the rules alone caught 5/8), but indirect crisis recall at crisis level was 17/22 (77%):
+the 95% target is still NOT met on text written after the model. Misses were farewells
+without a method, a liver-toxicity question, and clipped misspellings ("wanna di").
+Disclosed after v2-r5's first run: a named test showed the round-4 model overturning a
+figure-of-speech reading ("i shot him a message"), so the model may no longer overturn it
+(like negation and media); that exposed a rules bug, the "beat X at/to" idiom eating "beat
+my ex to death", which was fixed. The model was retrained (r4b, the artifact shipped); its
+v2-r5 row above is a second run, so the first-run row is the honest one.
 The assertions below are therefore: targets on trained splits, and floors (that catch a
 regression) on held-out ones.
 """
@@ -97,7 +124,13 @@ def test_it_has_a_well_formed_v2_set() -> None:
     negatives = [r for r in first if r["level"] == "none"]
     assert len(positives) >= 150 and len(negatives) >= 150
     assert {r["kind"] for r in positives} == {"explicit", "indirect", "misspelled", "intermediate"}
-    assert {r["split"] for r in rows} == {"v2-r1", "v2-r2", "v2-r3"}
+    assert {r["split"] for r in rows} == {"v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5"}
+    for split in ("v2-r4", "v2-r5"):  # the later rounds: same size and mix
+        part = [r for r in rows if r["split"] == split]
+        kinds = [r["kind"] for r in part if r["level"] != "none"]
+        assert len(kinds) >= 40 and len(part) - len(kinds) >= 40
+        assert kinds.count("indirect") >= 20
+        assert {"explicit", "misspelled", "intermediate"} <= set(kinds)
     texts = [r["text"].lower() for r in rows]
     assert len(set(texts)) == len(texts)
     others = safety_model.labelled("crisis_eval.jsonl")
@@ -108,10 +141,24 @@ def test_it_has_a_well_formed_v2_set() -> None:
 
 def test_it_never_trains_on_held_out_rounds() -> None:
     trained = {(r["text"]) for r in train_safety.training_rows()}
-    for row in safety_model.labelled("crisis_eval_v2.jsonl", ["v2-r3"]):
-        assert row["text"] not in trained
-    for row in safety_model.labelled("crisis_eval.jsonl", ["heldout"]):
-        assert row["text"] not in trained
+    assert not train_safety.TRAINED_V2_ROUNDS & set(safety_model.HELD_OUT["crisis_eval_v2.jsonl"])
+    for name, splits in safety_model.HELD_OUT.items():
+        rows = safety_model.labelled(name, splits)
+        assert rows and not [r for r in rows if r["text"] in trained]
+
+
+def test_it_reports_held_out_figures_per_split() -> None:
+    """docs/reliability.md reads these: a held-out round must never be pooled."""
+    safety_model.set_model_for_tests(None)
+    held = safety_model.held_out_figures(safety.assess)
+    assert set(held) == {"crisis_eval_v2.jsonl:v2-r5", "crisis_eval.jsonl:heldout"}
+    rows = safety_model.labelled("crisis_eval_v2.jsonl", ["v2-r5"])
+    assert held["crisis_eval_v2.jsonl:v2-r5"] == safety_model.figures(rows, safety.assess)
+    assert held["crisis_eval_v2.jsonl:v2-r5"]["fp"][1] == sum(r["level"] == "none" for r in rows)
+    per = safety_model.figures_by_split(
+        safety_model.labelled("crisis_eval_v2.jsonl"), safety.assess
+    )
+    assert set(per) == {"v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5"}
 
 
 # -- the targets --------------------------------------------------------------------------
@@ -130,7 +177,7 @@ def test_it_meets_the_targets_on_the_trained_splits(capsys: pytest.CaptureFixtur
     assert _rate(figures["fp"]) <= 0.05
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r3"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r5"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
@@ -143,18 +190,19 @@ def test_it_reports_held_out_rounds(
         print("\n" + _report(f"rules + model, held-out {split}", figures))
         print(_report(f"rules alone, held-out {split}", rules))
     assert _rate(figures["explicit"]) == 1.0
-    # Floors against regression, not claims (see the docstring): measured 83% and 89%.
-    assert _rate(figures["flagged"]) >= 0.9
-    assert _rate(figures["indirect"]) >= 0.8
-    assert _rate(figures["fp"]) <= 0.2
+    # Floors against regression, not claims (see the docstring). Measured: v2-r5 indirect
+    # 17/22 (r4b 18/22), false + 3/44; heldout indirect 9/9, flagged 30/30, false + 3/30.
+    assert _rate(figures["flagged"]) >= 0.8
+    assert _rate(figures["indirect"]) >= 0.75
+    assert _rate(figures["fp"]) <= 0.15
     assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r3"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r5"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
-    """Without the MiniLM package the hash-only artifact serves (measured on v2-r3:
-    indirect 13/18, 5/37 false positives)."""
+    """Without the MiniLM package the hash-only artifact serves (measured on v2-r5, first
+    run: indirect 17/22, flagged 38/44, 2/44 false positives; r4b: 17/22, 37/44, 1/44)."""
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
     )
@@ -163,8 +211,8 @@ def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str)
     rules = safety_model.figures(rows, safety.rules_assess)
     assert _rate(figures["explicit"]) == 1.0
     assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
-    assert _rate(figures["flagged"]) >= 0.85
-    assert _rate(figures["fp"]) <= 0.2
+    assert _rate(figures["flagged"]) >= 0.8
+    assert _rate(figures["fp"]) <= 0.2  # measured: heldout 5/30 (r4b)
 
 
 # -- how the layers combine ---------------------------------------------------------------

@@ -118,9 +118,23 @@ def embedded_redis_url() -> str:
     port = free_port()
     subprocess.run(
         [
-            str(redis_binary()), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-            "--appendonly", "no", "--daemonize", "yes", "--pidfile", str(REDIS_PID),
-            "--dir", str(REDIS_DIR), "--logfile", str(REDIS_DIR / "redis.log"),
+            str(redis_binary()),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(REDIS_PID),
+            "--dir",
+            str(REDIS_DIR),
+            "--logfile",
+            str(REDIS_DIR / "redis.log"),
         ],
         check=True,
     )

@@ -345,6 +345,11 @@ LIPO = {
     "max_length": env_int("LIPO_MAX_LENGTH", 512, minimum=16),
     "lease_minutes": env_int("LIPO_LEASE_MINUTES", 120, minimum=1),
     "max_attempts": env_int("LIPO_MAX_ATTEMPTS", 3, minimum=1),
+    # Validation before the approval gate (training_worker.round; the same defaults there).
+    "max_update_ratio": env_float("LIPO_MAX_UPDATE_RATIO", 0.05, minimum=0.0),
+    "side_by_side": env_int("LIPO_SIDE_BY_SIDE", 3, minimum=0),
+    "side_by_side_tokens": env_int("LIPO_SIDE_BY_SIDE_TOKENS", 64, minimum=1),
+    "arena_clients": env_int("LIPO_ARENA_CLIENTS", 2, minimum=0),  # 0 skips the arena check
 }
 
 LOGGING = {

@@ -37,7 +37,9 @@
 
   document.addEventListener("htmx:wsConfigSend", function (evt) {
     var params = evt.detail.parameters;
-    if (params.type === "message") {
+    // A "Send again" button carries its message's id and text: keep both (the server
+    // stores a message once per id) and leave whatever is being typed in the box.
+    if (params.type === "message" && !params.client_msg_id) {
       params.client_msg_id = newId();
       var box = document.getElementById("message");
       if (box) { box.value = ""; }

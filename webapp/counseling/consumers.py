@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import secrets
+import threading
 import time
 import weakref
 from collections import deque
@@ -27,8 +28,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.sessions.backends.db import SessionStore
+from django.db import DatabaseError
+from django.db import connection as db_connection
 
-from counselor_engine import safety
+from counselor_engine import safety, safety_model
 from counselor_engine.backends import BackendError
 from counselor_engine.counselor import (
     Counselor,
@@ -54,6 +57,12 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_BIG = 1009
 CLOSE_POLICY = 1008
 MAX_MSG_ID = 64
+# A message that could not be stored (PostgreSQL unreachable) is refused with this, never
+# dropped silently: the page offers "Send again" with the same text and id.
+STORAGE_DOWN = (
+    "storage_unavailable",
+    "Your message could not be saved just now. Please send it again in a moment.",
+)
 
 
 # Reply writers outlive their consumer when the page goes away mid-reply (the reply is
@@ -82,28 +91,117 @@ def redis_client() -> aioredis.Redis:
     return client
 
 
+def reply_key(session_id: int) -> str:
+    return f"psyevo:reply:{session_id}"
+
+
 class ReplyLock:
-    """Marks "a reply is being written" for a session, across processes."""
+    """Marks "a reply is being written" for a session, across processes.
+
+    The mark is a short lease renewed while the reply is written: a server process that
+    dies mid-reply leaves it for at most ``LEASE_SECONDS``, after which the client's resend
+    (through any server) gets its reply instead of "busy" for the whole backend timeout."""
+
+    LEASE_SECONDS = 15
+    _RENEW = (
+        "if redis.call('get', KEYS[1]) == ARGV[1] then "
+        "return redis.call('expire', KEYS[1], ARGV[2]) end return 0"
+    )
+    _RELEASE = (
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
+        "return 0"
+    )
 
     def __init__(self, session_id: int) -> None:
-        self.key = f"psyevo:reply:{session_id}"
+        self.key = reply_key(session_id)
         self.token = secrets.token_hex(8)
+        self._renewer: asyncio.Task[None] | None = None
+
+    # The final frame of a reply reaches the page a moment before its writer releases the
+    # mark, so a message sent at once (the page enables Send on that frame) waits this long
+    # for the mark before it is refused as "busy".
+    GRACE_SECONDS = 1.0
 
     async def acquire(self) -> bool:
-        ttl = int(settings.PSYEVO_BACKEND_TIMEOUT * 3) + 60
-        return bool(await redis_client().set(self.key, self.token, nx=True, ex=ttl))
+        deadline = asyncio.get_running_loop().time() + self.GRACE_SECONDS
+        while True:
+            got = await redis_client().set(self.key, self.token, nx=True, ex=self.LEASE_SECONDS)
+            if got:
+                self._renewer = asyncio.create_task(self._renew())
+                return True
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.LEASE_SECONDS / 3)
+            try:
+                await redis_client().eval(self._RENEW, 1, self.key, self.token, self.LEASE_SECONDS)
+            except Exception as exc:  # Redis restarting: try again at the next beat
+                log.warning("could not renew reply lock %s: %s", self.key, exc)
 
     async def release(self) -> None:
-        # Delete only our own mark: after a TTL expiry another writer may own the key.
-        script = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-        await redis_client().eval(script, 1, self.key, self.token)
+        if self._renewer is not None:
+            self._renewer.cancel()
+        # Delete only our own mark: after a lease expiry another writer may own the key.
+        await redis_client().eval(self._RELEASE, 1, self.key, self.token)
+
+
+def _record_crisis_in_worker(
+    session_id: int, turn: Turn, assessment: safety.SafetyAssessment
+) -> None:
+    """``services.record_crisis`` on a pool thread, whose connection is closed after: the
+    pool keeps the thread, and an idle connection left there would outlive the socket."""
+    try:
+        services.record_crisis(session_id, turn, assessment)
+    finally:
+        db_connection.close()
+
+
+def warm_crisis_model() -> None:
+    """The crisis model (safety's learned layer) takes seconds to load: the ASGI entry point
+    loads it at start-up, not on the first client message, which may be a crisis.
+
+    Not at import: Celery workers import this module too, and a prefork worker whose main
+    process has started torch threads deadlocks its forked pool child in torch (a training
+    round hung in its load phase)."""
+    threading.Thread(target=safety_model.warm, name="crisis-model-warm", daemon=True).start()
+
+
+def _log_flag_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("safety flag could not be stored", exc_info=task.exception())
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
+    # Channels' dispatch loop awaits ``self.channel_receive`` (the channel layer) next to
+    # the socket; a Redis error there ends the consumer and closes the socket, so a client
+    # in distress would lose the chat while Redis is down. The property keeps channels'
+    # callable and hands the loop one that waits out the outage instead.
+    @property
+    def channel_receive(self) -> Any:
+        return self._receive_through_outages
+
+    @channel_receive.setter
+    def channel_receive(self, receive: Any) -> None:
+        self._layer_receive = receive
+
+    async def _receive_through_outages(self) -> dict[str, Any]:
+        delay = 0.5
+        while True:
+            try:
+                return await self._layer_receive()  # type: ignore[no-any-return]
+            except (OSError, aioredis.RedisError) as exc:
+                log.warning("channel layer receive failed, retrying in %.1f s: %s", delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         self.session_id = int(self.scope["url_route"]["kwargs"]["session_id"])
         if user is None or not user.is_authenticated or not user.is_active:
+            security_log.warning("denied socket user=anonymous session=%s", self.session_id)
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
         self.user = user
@@ -140,10 +238,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         task = getattr(self, "reauth_task", None)
         if task is not None:
             task.cancel()
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
         if hasattr(self, "inbox"):
             self.inbox.put_nowait(None)  # the writer ends after the reply in progress
+        if hasattr(self, "group"):
+            try:
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+            except (OSError, aioredis.RedisError) as exc:  # Redis down: the membership expires
+                log.warning("session %s: could not leave the group: %s", self.session_id, exc)
 
     # -- authorization ---------------------------------------------------------------------
     @database_sync_to_async
@@ -199,7 +300,14 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if not isinstance(data, dict):
             await self.send(frames.error_frame(-1, "bad_json", "That message could not be read."))
             return
-        role = await self._role_in_session()
+        try:
+            role = await self._role_in_session()
+        except DatabaseError as exc:  # PostgreSQL unreachable: refuse, never drop silently
+            log.warning(
+                "session %s: message refused, database unavailable: %s", self.session_id, exc
+            )
+            await self._refuse_unstored(data)
+            return
         if role is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
@@ -221,6 +329,23 @@ class SessionConsumer(AsyncWebsocketConsumer):
         else:
             await self.send(frames.error_frame(-1, "unknown_type", "Unknown message type."))
 
+    async def _refuse_unstored(
+        self, data: dict[str, Any], problem: tuple[str, str] = STORAGE_DOWN
+    ) -> None:
+        """An error frame whose "Send again" carries the message's text and id (a resend
+        of a message that was stored after all is answered, never stored twice)."""
+        text, msg_id = data.get("text"), data.get("client_msg_id")
+        resend = isinstance(text, str) and isinstance(msg_id, str) and len(msg_id) <= MAX_MSG_ID
+        resend = resend and data.get("type", "message") == "message"
+        await self.send(
+            frames.error_frame(
+                -1,
+                *problem,
+                retry_msg_id=str(msg_id) if resend else "",
+                resend_text=str(text) if resend else "",
+            )
+        )
+
     async def _resync(self, after: Any) -> None:
         try:
             after_seq = int(after)
@@ -230,6 +355,33 @@ class SessionConsumer(AsyncWebsocketConsumer):
         for turn in turns:
             await self.send(frames.turn_frame(turn))
         await self.send(frames.control_frame(-1, paused=paused, clinician_present=False))
+        await self._offer_interrupted_reply(paused)
+
+    async def _offer_interrupted_reply(self, paused: bool) -> None:
+        """The session's last turn is a client message with no reply, and no server is
+        writing one (its process died mid-reply): offer "Try again" instead of silence."""
+        if paused or self.role != "client":
+            return
+        last = await self._last_turn()
+        if last is None or last.role != Turn.Role.CLIENT or not last.client_msg_id:
+            return
+        try:
+            if await redis_client().exists(reply_key(self.session_id)):
+                return  # a reply is being written (on this server or another)
+        except Exception as exc:
+            log.warning("reply lock unavailable (Redis): %s", exc)
+        await self.send(
+            frames.error_frame(
+                last.seq,
+                "reply_interrupted",
+                "The counselor's reply was interrupted. Try again.",
+                retry_msg_id=last.client_msg_id,
+            )
+        )
+
+    @database_sync_to_async
+    def _last_turn(self) -> Turn | None:
+        return Turn.objects.filter(session_id=self.session_id).order_by("-seq").first()
 
     @database_sync_to_async
     def _turns_after(self, seq: int) -> tuple[list[Turn], bool]:
@@ -250,11 +402,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
             data, retry = item
             try:
                 await self._on_message(data, retry=retry)
+            except DatabaseError as exc:
+                # PostgreSQL went away while storing the message or its reply: say so,
+                # with a resend carrying the same id (stored once whatever happened).
+                log.warning("session %s: database unavailable: %s", self.session_id, exc)
+                with contextlib.suppress(Exception):
+                    await self._refuse_unstored(data)
             except Exception:
                 log.exception("session %s: message failed", self.session_id)
                 with contextlib.suppress(Exception):  # the socket may be gone
-                    await self.send(
-                        frames.error_frame(-1, "internal_error", "Something went wrong. Try again.")
+                    await self._refuse_unstored(
+                        data, ("internal_error", "Something went wrong. Try again.")
                     )
             finally:
                 self.replying = False
@@ -357,8 +515,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
         elif await self._already_answered(turn):
             return  # a resend of a message that already has its reply
         # Safety first: a crisis gets the fixed safe reply and an alert whatever the state
-        # of the model, the adapter files or the AI pause.
-        crisis = safety.assess(turn.text).level == "crisis"
+        # of the model, the adapter files or the AI pause. Off the event loop: the crisis
+        # model's encoder takes milliseconds per message (the engine's own check then hits
+        # its verdict cache).
+        crisis = (await asyncio.to_thread(safety.assess, turn.text)).level == "crisis"
         counselor, paused, version = await self._build_counselor(turn)
         if paused and not crisis:
             await self._broadcast(
@@ -393,18 +553,18 @@ class SessionConsumer(AsyncWebsocketConsumer):
         )
         try:
             await self._relay(counselor, turn, reply_seq, msg_id)
-        except Exception:
+        except Exception as exc:
             # Never let an engine bug kill the socket: the client turn is stored, so the
             # page offers a retry, and the traceback goes to the log, not the page.
             log.exception("reply to turn %s of session %s failed", turn.seq, self.session_id)
+            code, message = (
+                ("storage_unavailable", "The reply could not be saved just now. Try again.")
+                if isinstance(exc, DatabaseError)
+                else ("internal_error", "Something went wrong. Try again.")
+            )
             await self._broadcast(
                 '<div id="pending" hx-swap-oob="innerHTML"></div>'
-                + frames.error_frame(
-                    reply_seq,
-                    "internal_error",
-                    "Something went wrong. Try again.",
-                    retry_msg_id=msg_id,
-                )
+                + frames.error_frame(reply_seq, code, message, retry_msg_id=msg_id)
             )
 
     async def _relay(self, counselor: Counselor, turn: Turn, reply_seq: int, msg_id: str) -> None:
@@ -412,9 +572,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         tokens = 0
         async for event in counselor.respond(turn.text):
             if isinstance(event, SafetyEvent):
-                await database_sync_to_async(services.record_crisis)(
-                    self.session_id, turn, event.assessment
-                )
+                self._flag_beside_reply(turn, event.assessment)
             elif isinstance(event, TokenEvent):
                 await self._broadcast(frames.token_frame(reply_seq, tokens, event.text))
                 tokens += 1
@@ -437,6 +595,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     frames.turn_frame(stored) + frames.status_frame(stored.seq, "")
                 )
 
+    def _flag_beside_reply(self, turn: Turn, assessment: safety.SafetyAssessment) -> None:
+        """Store the safety flag and send its alerts beside the reply, not before it.
+
+        With Redis or the Celery broker down, the alert plumbing (live push, email task,
+        escalation task) takes seconds to give up, and the safe reply must not wait for it.
+        Its own thread, so the reply's database writes do not queue behind it; a strong
+        reference (``_writers``) keeps it alive if the socket goes away."""
+        record = database_sync_to_async(_record_crisis_in_worker, thread_sensitive=False)
+        task = asyncio.ensure_future(record(self.session_id, turn, assessment))
+        _writers.add(task)
+        task.add_done_callback(_writers.discard)
+        task.add_done_callback(_log_flag_failure)
+
     @database_sync_to_async
     def _already_answered(self, turn: Turn) -> bool:
         return (
@@ -457,9 +628,26 @@ class SessionConsumer(AsyncWebsocketConsumer):
         return counselor, bool(control and control.ai_paused), version
 
     async def _broadcast(self, frame: str) -> None:
-        await self.channel_layer.group_send(self.group, {"type": "chat.frame", "html": frame})
+        """Send a frame to every tab of the session.
+
+        This socket gets it directly; the group (other tabs, on any server) through the
+        channel layer, tagged with its origin so this socket skips its own copy. Going
+        through Redis for the writer's own socket put every token behind the process's
+        single channel-layer receive loop: with 200 sessions, bursts of tokens waited
+        seconds there (bench/bench_ws.py)."""
+        with contextlib.suppress(Exception):  # a closed socket: the reply is still committed
+            await self.send(frame)
+        try:
+            await self.channel_layer.group_send(
+                self.group, {"type": "chat.frame", "html": frame, "origin": self.channel_name}
+            )
+        except Exception as exc:  # Redis unreachable: this socket already has the frame;
+            # the session's other tabs get it from their resync when they reconnect.
+            log.warning("session %s: channel layer unavailable: %s", self.session_id, exc)
 
     async def chat_frame(self, event: dict[str, Any]) -> None:
+        if event.get("origin") == self.channel_name:
+            return  # sent to this socket directly by _broadcast
         await self.send(event["html"])
 
     async def chat_close(self, event: dict[str, Any]) -> None:

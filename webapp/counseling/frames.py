@@ -49,9 +49,22 @@ def status_frame(seq: int, text: str, *, busy: bool = False) -> str:
     )
 
 
-def error_frame(seq: int, code: str, message: str, *, retry_msg_id: str = "") -> str:
+def error_frame(
+    seq: int, code: str, message: str, *, retry_msg_id: str = "", resend_text: str = ""
+) -> str:
+    """An error in the status area. ``retry_msg_id``: a "Try again" button that asks for a
+    new reply to the stored message. ``resend_text`` (with ``retry_msg_id``): a "Send
+    again" button carrying the text itself, for a message that may not have been stored
+    (the same id makes a resend of one that was stored harmless)."""
     retry = ""
-    if retry_msg_id:
+    if resend_text and retry_msg_id:
+        retry = (
+            f'<form ws-send class="retry"><input type="hidden" name="type" value="message">'
+            f'<input type="hidden" name="client_msg_id" value="{escape(retry_msg_id)}">'
+            f'<input type="hidden" name="text" value="{escape(resend_text)}">'
+            f'<button type="submit">Send again</button></form>'
+        )
+    elif retry_msg_id:
         retry = (
             f'<form ws-send class="retry"><input type="hidden" name="type" value="retry">'
             f'<input type="hidden" name="client_msg_id" value="{escape(retry_msg_id)}">'

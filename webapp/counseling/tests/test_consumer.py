@@ -114,6 +114,23 @@ async def test_it_refuses_a_message_while_a_reply_is_being_written(chat):  # typ
         await redis_client().delete(f"psyevo:reply:{session.pk}")
 
 
+async def test_a_message_sent_as_the_previous_reply_ends_is_answered_not_refused(chat):  # type: ignore[no-untyped-def]
+    """The page enables Send on the reply's final frame, a moment before the writer lets go
+    of the session: a message sent in that moment waits for it instead of being refused."""
+    _, session, comm, _ = chat
+    key = f"psyevo:reply:{session.pk}"
+    await redis_client().set(key, "previous-writer", ex=30)
+    await send(comm, type="message", text="one more thing", client_msg_id="g1")
+    await asyncio.sleep(0.3)
+    await redis_client().delete(key)  # the previous reply's writer finishes
+    frames = await frames_until(comm, DONE)
+    assert not any('data-code="busy"' in f for f in frames)
+    roles = await sync_to_async(list)(
+        Turn.objects.filter(session=session).order_by("seq").values_list("role", flat=True)
+    )
+    assert roles == ["client", "counselor"]
+
+
 @pytest.mark.parametrize(
     ("payload", "code"),
     [

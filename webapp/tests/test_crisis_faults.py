@@ -1,0 +1,186 @@
+"""A crisis message gets the safe reply and is flagged with each dependency stopped.
+
+Issue 9, item 6: "the safe reply within 2 s with the model, Celery and Redis each stopped".
+Each test sends a crisis message over the real websocket (PostgreSQL, Channels) and checks
+what the client and the clinician would check: the safe reply (with the hotline) arrives,
+the ``SafetyFlag`` is stored, and for a crisis the email outbox row exists. The 2 s bound is
+the issue's requirement and is asserted as such (measured from sending the message to the
+stored reply's frame); everything else is behaviour.
+
+- Model down: the ``broken_engine`` fixture (no model can load). The message is one only
+  the learned layer catches, which shows that layer needs no model backend either.
+- Celery down: no worker runs (the tests never start one), so the alert email waits in the
+  outbox and its delivery task waits in the broker queue; the reply does not wait for it.
+- Redis down: a PRIVATE redis-server on a free port carries the channel layer, the cache,
+  the reply lock and the Celery broker for this test; it is killed after the socket
+  connected (the machine's shared Redis is never touched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+
+from counselor_engine import safety, safety_model
+from webapp.accounts.tests.factories import ClientProfileFactory, grant_all_consents
+from webapp.counseling import services
+from webapp.counseling.tests.helpers import connect, frames_until, turn_texts
+from webapp.oversight.models import AlertOutbox, SafetyFlag
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_thread_db_connections"),
+]
+DONE = r'class="turn turn-counselor"'
+EXPLICIT = "I want to kill myself tonight"
+# Missed by the rules, caught by the crisis model (it is in the model's training rounds).
+INDIRECT = "i've worked out which pills and how many"
+BOUND_S = 2.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _crisis_model_loaded() -> None:
+    """A server loads the crisis model when the consumer module is imported; do the same
+    here so a test measures a message, not the one-off model load."""
+    safety_model.reset()
+    safety_model.warm()
+    assert safety_model.get_model() is not None
+
+
+def _client():  # type: ignore[no-untyped-def]
+    profile = ClientProfileFactory()
+    grant_all_consents(profile)
+    return profile, services.start_session(profile.user)
+
+
+async def _crisis_round_trip(text: str):  # type: ignore[no-untyped-def]
+    """Send ``text`` as a client; return (profile, session, counselor texts, seconds)."""
+    profile, session = await sync_to_async(_client)()
+    comm, connected, _, _ = await connect(f"/ws/sessions/{session.pk}/", profile.user)
+    assert connected
+    return profile, session, comm
+
+
+async def _send_and_wait(comm, text: str) -> tuple[list[str], float]:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    await comm.send_to(text_data=json.dumps({"type": "message", "text": text,
+                                             "client_msg_id": "m1"}))  # fmt: skip
+    frames = await frames_until(comm, DONE, wait=20)
+    return turn_texts(frames, "counselor"), time.monotonic() - started
+
+
+async def _assert_flagged(session, *, model_rule: bool) -> None:  # type: ignore[no-untyped-def]
+    # The flag is written beside the reply (consumers._flag_beside_reply): wait for it.
+    for _ in range(200):
+        flag = await sync_to_async(SafetyFlag.objects.filter(session=session).first)()
+        if flag is not None and await sync_to_async(flag.outbox.exists)():
+            break
+        await asyncio.sleep(0.05)
+    assert flag is not None, "no safety flag stored"
+    assert flag.level == "crisis"
+    assert ("model.crisis" in flag.matched) is model_rule
+    assert await sync_to_async(AlertOutbox.objects.filter(flag=flag).exists)()
+
+
+async def test_it_answers_a_crisis_the_rules_miss_with_the_model_backend_down(
+    broken_engine,
+):  # type: ignore[no-untyped-def]
+    assert safety.rules_assess(INDIRECT).level == "none"
+    _, session, comm = await _crisis_round_trip(INDIRECT)
+    replies, seconds = await _send_and_wait(comm, INDIRECT)
+    assert "988" in replies[0]
+    assert seconds < BOUND_S
+    await _assert_flagged(session, model_rule=True)
+    await comm.disconnect()
+
+
+async def test_it_answers_a_crisis_and_keeps_the_alert_with_no_celery_worker(tiny_engine, settings):  # type: ignore[no-untyped-def]
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    queued_before = broker.llen("default")
+    _, session, comm = await _crisis_round_trip(EXPLICIT)
+    replies, seconds = await _send_and_wait(comm, EXPLICIT)
+    assert "988" in replies[0]
+    assert seconds < BOUND_S
+    await _assert_flagged(session, model_rule=False)
+    outbox = await sync_to_async(AlertOutbox.objects.get)(flag__session=session)
+    assert outbox.status == AlertOutbox.Status.PENDING  # waits for a worker, not lost
+    assert broker.llen("default") > queued_before  # the delivery task waits in the queue
+    await comm.disconnect()
+
+
+# -- Redis stopped ------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def private_redis(tmp_path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            if redis.Redis.from_url(url, socket_connect_timeout=0.2).ping():
+                break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("private redis-server did not start")
+    yield url, proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def on_private_redis(settings, private_redis):  # type: ignore[no-untyped-def]
+    """Channel layer, cache, reply lock and Celery broker all on the private server."""
+    from webapp.celery import app as celery_app
+
+    url, proc = private_redis
+    layers = json.loads(json.dumps(settings.CHANNEL_LAYERS))
+    layers["default"]["CONFIG"]["hosts"] = [{"address": url, "socket_timeout": 2}]
+    settings.CHANNEL_LAYERS = layers  # channels drops its cached layer on this change
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"],
+                                                      "LOCATION": url}}  # fmt: skip
+    settings.REDIS_URL = url
+    old_broker = celery_app.conf.broker_url
+    celery_app.conf.broker_url = url
+    celery_app.close()  # forget pooled broker connections to the shared server
+    yield proc
+    celery_app.conf.broker_url = old_broker
+    celery_app.close()
+
+
+async def test_it_answers_a_crisis_and_stores_the_flag_with_redis_stopped(
+    tiny_engine, on_private_redis
+):  # type: ignore[no-untyped-def]
+    _, session, comm = await _crisis_round_trip(EXPLICIT)
+    on_private_redis.kill()  # Redis dies under an open socket
+    await asyncio.to_thread(on_private_redis.wait, 10)
+    replies, seconds = await _send_and_wait(comm, EXPLICIT)
+    assert "988" in replies[0]
+    assert seconds < BOUND_S
+    await _assert_flagged(session, model_rule=False)
+    await comm.disconnect()

@@ -91,6 +91,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "webapp.accounts.middleware.StaffIdleTimeoutMiddleware",
     "webapp.accounts.mfa.MfaRequiredMiddleware",
+    "webapp.oversight.security.AdminGateMiddleware",  # non-admins: 403 + log at /admin/
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",

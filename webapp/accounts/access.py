@@ -31,6 +31,7 @@ def role_required(
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if not request.user.is_authenticated:
+                security_log.info("login required path=%s", request.path)
                 return redirect_to_login(request.get_full_path())
             if getattr(request.user, "role", None) not in roles:
                 raise deny(request, f"role {getattr(request.user, 'role', '?')} not in {roles}")

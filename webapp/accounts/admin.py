@@ -13,6 +13,11 @@ class PsyEvoUserAdmin(UserAdmin):
     fieldsets = (*UserAdmin.fieldsets, ("PsyEvo", {"fields": ("role",)}))  # type: ignore[misc]
     add_fieldsets = (*UserAdmin.add_fieldsets, ("PsyEvo", {"fields": ("role",)}))
 
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        # Deleting a user here would drop a client's data with no erasure report or
+        # tombstone: erase from the console (/console/), deactivate accounts here.
+        return False
+
 
 class ConsentInline(admin.TabularInline):
     model = ConsentRecord

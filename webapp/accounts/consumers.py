@@ -1,17 +1,24 @@
 """Per-user notification socket: crisis alerts and live updates reach open pages here.
 
-Authorization happens in ``connect`` and again before every event is forwarded, so a
-user who is disabled while a page is open stops receiving data.
+Authorization happens in ``connect``, again before every event is forwarded, and on a
+timer, so a socket closes within ``WS_REAUTH_SECONDS`` of logout or account disable even
+when no event arrives (an idle alert page must not outlive its log-in).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.sessions.backends.db import SessionStore
 from django.template.loader import render_to_string
 from django.utils.html import escape
+
+security_log = logging.getLogger("psyevo.security")
 
 
 def user_group(user_id: int) -> str:
@@ -24,14 +31,27 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_active:
+            security_log.warning("denied socket user=anonymous path=%s", self.scope.get("path"))
             await self.close(code=4401)
             return
         self.user_id = user.pk
+        self.django_session_key = getattr(self.scope.get("session"), "session_key", None)
         self.group = user_group(user.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.reauth_task = asyncio.create_task(self._reauth_loop())
+
+    async def _reauth_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.WS_REAUTH_SECONDS)
+            if not await self._still_allowed():
+                await self.close(code=4401)
+                return
 
     async def disconnect(self, code: int) -> None:
+        task = getattr(self, "reauth_task", None)
+        if task is not None:
+            task.cancel()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -71,6 +91,9 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _still_allowed(self) -> bool:
+        """Still active, and still logged in (logout deletes the Django session row)."""
         from webapp.accounts.models import User
 
+        if self.django_session_key and not SessionStore().exists(self.django_session_key):
+            return False
         return User.objects.filter(pk=self.user_id, is_active=True).exists()

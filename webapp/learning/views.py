@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.access import role_required
+from webapp.accounts.access import deny, role_required
 from webapp.accounts.models import Role, User
 from webapp.learning import services
 from webapp.learning.models import AdapterVersion, SimulationRun, TrainingRun
@@ -130,6 +130,12 @@ def _decide(
 @role_required(Role.CLINICIAN)
 @require_POST
 def approve(request: HttpRequest, pk: int) -> HttpResponse:
+    version = get_object_or_404(AdapterVersion, pk=pk)
+    run = TrainingRun.objects.filter(output_version=version).first()
+    if not _may_approve(request, run):
+        # Whoever started a round cannot approve its output (``services.approve`` refuses
+        # too); refused here as an authorization failure: 403 and a security log line.
+        raise deny(request, f"started the round that produced adapter {pk}")
     return _decide(request, pk, ApproveForm, "approve")
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
 from webapp.memory import services
+from webapp.memory.models import MemoryItem
+
+security_log = logging.getLogger("psyevo.security")
 
 
 @role_required(Role.CLIENT)
@@ -20,6 +25,9 @@ def my_memory(request: HttpRequest) -> HttpResponse:
 @role_required(Role.CLIENT)
 @require_POST
 def correct(request: HttpRequest, pk: int) -> HttpResponse:
+    if not MemoryItem.objects.filter(pk=pk, client=request.user).exists():
+        security_log.warning("denied user=%s memory=%s (not theirs)", request.user.username, pk)
+        raise Http404("No such memory")
     try:
         services.correct(pk, request.POST.get("text", ""), by=request.user, client=request.user)
     except services.MemoryError as exc:

@@ -17,6 +17,7 @@ from webapp.accounts.access import role_required
 from webapp.accounts.models import ClientProfile, Role
 from webapp.counseling.models import Course, Session
 from webapp.memory import services as memory_services
+from webapp.memory.models import MemoryItem
 from webapp.oversight import audit, console
 from webapp.oversight.forms import MemoryCorrectionForm, SkillControlForm
 from webapp.oversight.models import ClientControl, SafetyFlag
@@ -27,6 +28,17 @@ def _client_or_404(request: HttpRequest, client_id: int) -> ClientProfile:
     if profile is None:
         console.record_denial(request.user, request.path, client_id=client_id)
         raise Http404("No such client")
+    return profile
+
+
+def _item_client_or_404(request: HttpRequest, client_id: int, item_id: int) -> ClientProfile:
+    """The assigned client whose memory item this is: an item id of another client under
+    an assigned client's path is refused like any other client's page."""
+    profile = _client_or_404(request, client_id)
+    if not MemoryItem.objects.filter(pk=item_id, client=profile.user).exists():
+        owner = MemoryItem.objects.filter(pk=item_id).values_list("client_id", flat=True).first()
+        console.record_denial(request.user, request.path, client_id=owner, what=f"memory={item_id}")
+        raise Http404("No such memory")
     return profile
 
 
@@ -90,7 +102,7 @@ def memory(request: HttpRequest, client_id: int) -> HttpResponse:
 @role_required(Role.CLINICIAN)
 @require_POST
 def memory_correct(request: HttpRequest, client_id: int, item_id: int) -> HttpResponse:
-    profile = _client_or_404(request, client_id)
+    profile = _item_client_or_404(request, client_id, item_id)
     form = MemoryCorrectionForm(request.POST)
     try:
         if not form.is_valid():
@@ -107,7 +119,7 @@ def memory_correct(request: HttpRequest, client_id: int, item_id: int) -> HttpRe
 @role_required(Role.CLINICIAN)
 @require_POST
 def memory_retire(request: HttpRequest, client_id: int, item_id: int) -> HttpResponse:
-    profile = _client_or_404(request, client_id)
+    profile = _item_client_or_404(request, client_id, item_id)
     try:
         memory_services.retire(item_id, by=request.user, client=profile.user)
         messages.success(request, "Memory retired: the counselor no longer uses it.")

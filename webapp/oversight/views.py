@@ -77,6 +77,7 @@ def acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         flag = services.acknowledge(request.user, pk)
     except services.OversightError as exc:
+        security_log.warning("denied user=%s flag=%s (not assigned)", request.user.username, pk)
         raise Http404(str(exc)) from None
     if request.htmx:
         escalated = flag.escalated_to_id == request.user.pk

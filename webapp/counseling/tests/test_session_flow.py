@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -165,14 +166,15 @@ def test_the_client_reads_and_corrects_memory_keeping_its_source(client):  # typ
     assert "must not be empty" in response.content.decode()
 
 
-def test_a_client_cannot_correct_someone_elses_memory(client):  # type: ignore[no-untyped-def]
+def test_a_client_cannot_correct_someone_elses_memory(client, caplog):  # type: ignore[no-untyped-def]
     other = consenting_client()
     item = MemoryItem.objects.create(
         client=other.user, kind="fact", text="private", origin="counselor"
     )
     client.force_login(consenting_client().user)
-    response = client.post(
-        reverse("correct_memory", args=[item.pk]), {"text": "hacked"}, follow=True
-    )
-    assert "No such memory" in response.content.decode()
+    with caplog.at_level(logging.WARNING, logger="psyevo.security"):
+        response = client.post(reverse("correct_memory", args=[item.pk]), {"text": "hacked"})
+    assert response.status_code == 404  # the same answer as for an id that does not exist
+    assert "private" not in response.content.decode()
+    assert any(f"memory={item.pk}" in r.getMessage() for r in caplog.records)
     assert not MemoryItem.objects.filter(supersedes=item).exists()

@@ -175,6 +175,8 @@ def _log_flag_failure(task: asyncio.Task[None]) -> None:
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
+    _reply_lock: ReplyLock | None = None  # held by the reply being written on this socket
+
     # Channels' dispatch loop awaits ``self.channel_receive`` (the channel layer) next to
     # the socket; a Redis error there ends the consumer and closes the socket, so a client
     # in distress would lose the chat while Redis is down. The property keeps channels'
@@ -457,14 +459,22 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 )
             )
             return
+        self._reply_lock = lock
         try:
             await self._client_message(text, msg_id)
         finally:
-            if lock is not None:
-                try:
-                    await lock.release()
-                except Exception as exc:
-                    log.warning("could not release reply lock: %s", exc)
+            await self._end_reply()
+
+    async def _end_reply(self) -> None:
+        """Let the session take its next message. Called once the reply (or its failure)
+        is stored, before the frame that re-enables the page's Send button goes out: a
+        message sent on that frame must find the session free, even on a loaded server."""
+        lock, self._reply_lock = self._reply_lock, None
+        if lock is not None:
+            try:
+                await lock.release()
+            except Exception as exc:
+                log.warning("could not release reply lock: %s", exc)
 
     def _check_text(self, text: Any) -> tuple[str, str] | None:
         if not isinstance(text, str):
@@ -562,6 +572,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 if isinstance(exc, DatabaseError)
                 else ("internal_error", "Something went wrong. Try again.")
             )
+            await self._end_reply()
             await self._broadcast(
                 '<div id="pending" hx-swap-oob="innerHTML"></div>'
                 + frames.error_frame(reply_seq, code, message, retry_msg_id=msg_id)
@@ -578,6 +589,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 tokens += 1
             elif isinstance(event, ErrorEvent):
                 retry = msg_id if event.retryable else ""
+                await self._end_reply()
                 await self._broadcast(
                     '<div id="pending" hx-swap-oob="innerHTML"></div>'
                     + frames.error_frame(reply_seq, event.code, event.message, retry_msg_id=retry)
@@ -591,6 +603,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     group=event.group,
                     safety_level=event.safety_level,
                 )
+                await self._end_reply()
                 await self._broadcast(
                     frames.turn_frame(stored) + frames.status_frame(stored.seq, "")
                 )

@@ -473,6 +473,19 @@ def ratio(a: float, b: float) -> str:
     return "n/a" if not b or a != a or b != b else f"{a / b:.1f}x"
 
 
+def capacity(args: argparse.Namespace, run: Run) -> str:
+    """Capacity figures: what this many servers sustained, per server and per core."""
+    cores = os.cpu_count() or 1
+    turns = run.answered / run.wall if run.wall > 0 else float("nan")
+    return (
+        f"Capacity: {args.sockets} concurrent sessions on {args.servers} ASGI process(es) "
+        f"({args.sockets / args.servers:.0f} per process) sustained {turns:.2f} answered "
+        f"turns/s in all, {turns / args.servers:.2f} per process and {turns / cores:.2f} per "
+        f"core, with reply latency p95 {pct(run.reply_latencies, 95):.1f} s (the tiny model; "
+        "the model, not the web stack, bounds it: see the bare engine column)."
+    )
+
+
 def report(
     args: argparse.Namespace,
     web_run: Run,
@@ -526,6 +539,8 @@ def report(
         f"timed{'' if b is None else f' (bare: {len(b.token_delays)} token events)'}."
         + (" **The web run hit the cap.**" if web_run.hit_cap else "")
         + (" **The bare run hit the cap.**" if b is not None and b.hit_cap else ""),
+        "",
+        capacity(args, web_run),
         "",
         "Database check (web run):",
         "",

@@ -148,6 +148,38 @@ class ReplyLock:
         await redis_client().eval(self._RELEASE, 1, self.key, self.token)
 
 
+def is_unicode_text(text: str) -> bool:
+    """False for text holding lone surrogates (a JSON escape like ``\\ud800`` makes one):
+    it can be neither stored as UTF-8 nor shown."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def valid_msg_id(msg_id: Any) -> bool:
+    """A client message id is short printable text (no NUL, controls or lone surrogates:
+    it is stored beside the turn and echoed in "Try again" buttons)."""
+    return isinstance(msg_id, str) and len(msg_id) <= MAX_MSG_ID and msg_id.isprintable()
+
+
+# Turn seqs are PostgreSQL integers; a larger resync point would fail the query.
+MAX_SEQ = 2**31 - 1
+
+
+def resync_point(after: Any) -> int | None:
+    """The seq a resync asks for turns after: -1 when missing (from the start), None when
+    it is not a whole number in [-1, MAX_SEQ] (NaN, Infinity, text, 1e300, -5)."""
+    if after is None:
+        return -1
+    if isinstance(after, float) and after.is_integer():
+        after = int(after)
+    if isinstance(after, bool) or not isinstance(after, int) or not -1 <= after <= MAX_SEQ:
+        return None
+    return after
+
+
 def _record_crisis_in_worker(
     session_id: int, turn: Turn, assessment: safety.SafetyAssessment
 ) -> None:
@@ -337,7 +369,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         """An error frame whose "Send again" carries the message's text and id (a resend
         of a message that was stored after all is answered, never stored twice)."""
         text, msg_id = data.get("text"), data.get("client_msg_id")
-        resend = isinstance(text, str) and isinstance(msg_id, str) and len(msg_id) <= MAX_MSG_ID
+        resend = isinstance(text, str) and is_unicode_text(text) and valid_msg_id(msg_id)
         resend = resend and data.get("type", "message") == "message"
         await self.send(
             frames.error_frame(
@@ -349,10 +381,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
         )
 
     async def _resync(self, after: Any) -> None:
-        try:
-            after_seq = int(after)
-        except (TypeError, ValueError):
-            after_seq = -1
+        after_seq = resync_point(after)
+        if after_seq is None:
+            await self.send(frames.error_frame(-1, "bad_seq", "That resync could not be read."))
+            return
         turns, paused = await self._turns_after(after_seq)
         for turn in turns:
             await self.send(frames.turn_frame(turn))
@@ -417,12 +449,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
                         data, ("internal_error", "Something went wrong. Try again.")
                     )
             finally:
-                self.replying = False
+                if self.inbox.empty():  # else the next message, queued at _end_reply, runs now
+                    self.replying = False
 
     async def _on_message(self, data: dict[str, Any], *, retry: bool) -> None:
         text = data.get("text", "")
         msg_id = data.get("client_msg_id") or ""
-        if not isinstance(msg_id, str) or len(msg_id) > MAX_MSG_ID:
+        if not valid_msg_id(msg_id):
             await self.send(
                 frames.error_frame(-1, "bad_message_id", "That message could not be read.")
             )
@@ -468,7 +501,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def _end_reply(self) -> None:
         """Let the session take its next message. Called once the reply (or its failure)
         is stored, before the frame that re-enables the page's Send button goes out: a
-        message sent on that frame must find the session free, even on a loaded server."""
+        message sent on that frame must find the session free, even on a loaded server
+        (it is queued behind what is left of this reply: the inbox keeps the order)."""
+        self.replying = False
         lock, self._reply_lock = self._reply_lock, None
         if lock is not None:
             try:
@@ -479,6 +514,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
     def _check_text(self, text: Any) -> tuple[str, str] | None:
         if not isinstance(text, str):
             return ("not_text", "Messages must be text.")
+        if not is_unicode_text(text):
+            return ("bad_text", "That message contains characters that cannot be read.")
         if not text.strip():
             return ("empty_message", "Write something before sending.")
         if len(text) > settings.PSYEVO_MAX_MESSAGE_CHARS:

@@ -13,6 +13,7 @@ from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
 from webapp.memory import services
 from webapp.memory.models import MemoryItem
+from webapp.oversight.forms import MemoryCorrectionForm
 
 security_log = logging.getLogger("psyevo.security")
 
@@ -28,8 +29,16 @@ def correct(request: HttpRequest, pk: int) -> HttpResponse:
     if not MemoryItem.objects.filter(pk=pk, client=request.user).exists():
         security_log.warning("denied user=%s memory=%s (not theirs)", request.user.username, pk)
         raise Http404("No such memory")
+    form = MemoryCorrectionForm(request.POST)
+    if not form.is_valid():  # NUL, lone surrogates, empty or too long: say why, store nothing
+        errors = form.errors.as_data().get("text", [])
+        if any(error.code == "required" for error in errors):
+            messages.error(request, "The corrected text must not be empty.")
+        else:
+            messages.error(request, " ".join(m for error in errors for m in error.messages))
+        return redirect("my_memory")
     try:
-        services.correct(pk, request.POST.get("text", ""), by=request.user, client=request.user)
+        services.correct(pk, form.cleaned_data["text"], by=request.user, client=request.user)
     except services.MemoryError as exc:
         messages.error(request, str(exc))
     else:

@@ -131,6 +131,21 @@ async def test_a_message_sent_as_the_previous_reply_ends_is_answered_not_refused
     assert roles == ["client", "counselor"]
 
 
+async def test_a_message_sent_on_the_final_frame_of_a_reply_is_answered(chat):  # type: ignore[no-untyped-def]
+    """The page enables Send when the reply's turn frame arrives: a message sent at once
+    must be answered, never refused as busy (the writer may still be finishing up)."""
+    _, session, comm, _ = chat
+    await send(comm, type="message", text="first thing", client_msg_id="f1")
+    await frames_until(comm, DONE)
+    await send(comm, type="message", text="second thing", client_msg_id="f2")
+    frames = await frames_until(comm, DONE)
+    assert not any('data-code="busy"' in f for f in frames)
+    roles = await sync_to_async(list)(
+        Turn.objects.filter(session=session).order_by("seq").values_list("role", flat=True)
+    )
+    assert roles == ["client", "counselor", "client", "counselor"]
+
+
 @pytest.mark.parametrize(
     ("payload", "code"),
     [

@@ -24,5 +24,9 @@ def write_section(name: str, body: str) -> None:
     )
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
     pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _m: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    text = (
+        pattern.sub(lambda _m: section, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + section
+    )
     RESULTS.write_text(text)

@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import secrets
-import threading
 import time
 import weakref
 from collections import deque
@@ -197,8 +196,12 @@ def warm_crisis_model() -> None:
 
     Not at import: Celery workers import this module too, and a prefork worker whose main
     process has started torch threads deadlocks its forked pool child in torch (a training
-    round hung in its load phase)."""
-    threading.Thread(target=safety_model.warm, name="crisis-model-warm", daemon=True).start()
+    round hung in its load phase).
+
+    In the calling thread, before the server serves anything: loading it in a background
+    thread raced other threads importing transformers (the lazy module then failed with
+    "cannot import name ..." in whichever thread lost)."""
+    safety_model.warm()
 
 
 def _log_flag_failure(task: asyncio.Task[None]) -> None:

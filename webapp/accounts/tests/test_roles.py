@@ -54,7 +54,7 @@ def test_it_sends_anonymous_users_to_login(client, page):  # type: ignore[no-unt
 
 def test_it_lets_only_admins_into_the_django_admin(client):  # type: ignore[no-untyped-def]
     client.force_login(ClinicianFactory())
-    assert client.get("/admin/").status_code == 302  # to the admin login: not staff
+    assert client.get("/admin/").status_code == 403  # logged in, not an admin: refused
     client.force_login(AdminFactory())
     assert client.get("/admin/").status_code == 200
 

@@ -295,9 +295,10 @@ def test_a_crisis_message_gets_the_hotline_with_the_model_down(broken_server, br
     assert flag.level == "crisis"
     assert flag.turn.text == "I want to kill myself"
 
-    # The model really is down: an ordinary message gets an error and a retry, not a reply.
+    # The model really is down: an ordinary message gets an error and a retry, not a reply
+    # (after the server has tried to start its model process, which takes a few seconds).
     send(page, "Thank you")
-    expect(page.locator("#status [role=alert]")).to_contain_text("not responding")
+    expect(page.locator("#status [role=alert]")).to_contain_text("not responding", timeout=60_000)
     expect(page.get_by_role("button", name="Try again")).to_be_visible()
     expect(page.locator("#transcript .turn-counselor")).to_have_count(1)
 

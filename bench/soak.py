@@ -302,6 +302,17 @@ async def client(
 
 
 # -- faults --------------------------------------------------------------------------------------
+async def outage(name: str, server: Any, seconds: float) -> float:
+    """Stop a private server, keep it down ``seconds``, start it again; the time it was out."""
+    log(f"fault: stopping {name}")
+    t = time.monotonic()
+    await asyncio.to_thread(server.stop)
+    await asyncio.sleep(seconds)
+    await asyncio.to_thread(server.start)
+    log(f"fault: {name} is back")
+    return round(time.monotonic() - t, 2)
+
+
 async def fault_driver(
     args: argparse.Namespace,
     cluster: Any,
@@ -324,13 +335,7 @@ async def fault_driver(
     report["rss_start"] = cluster.rss()
     await at(0.15)
     stats.phase = "redis restart"
-    log("fault: stopping Redis")
-    t = time.monotonic()
-    await asyncio.to_thread(redis_server.stop)
-    await asyncio.sleep(args.redis_down)
-    await asyncio.to_thread(redis_server.start)
-    report["redis_down_s"] = round(time.monotonic() - t, 2)
-    log("fault: Redis is back")
+    report["redis_down_s"] = await outage("Redis", redis_server, args.redis_down)
 
     await at(0.35)
     stats.phase = "asgi kill"
@@ -346,13 +351,7 @@ async def fault_driver(
 
     await at(0.55)
     stats.phase = "postgres restart"
-    log("fault: stopping PostgreSQL")
-    t = time.monotonic()
-    await asyncio.to_thread(pg.stop)
-    await asyncio.sleep(args.pg_down)
-    await asyncio.to_thread(pg.start)
-    report["postgres_down_s"] = round(time.monotonic() - t, 2)
-    log("fault: PostgreSQL is back")
+    report["postgres_down_s"] = await outage("PostgreSQL", pg, args.pg_down)
 
     await at(0.75)
     stats.phase = "worker kill"

@@ -247,18 +247,16 @@ def crisis() -> Section:
         "safety_model.figures over counselor_engine/tests/data/crisis_eval*.jsonl; "
         "pytest webapp/tests/test_crisis_faults.py",
     )
-    data = Path(safety.__file__).resolve().parent / "tests" / "data"
-    rows = [json.loads(line) for p in sorted(data.glob("crisis_eval*.jsonl"))
-            for line in p.read_text("utf-8").splitlines() if line.strip()]  # fmt: skip
-    from scripts.train_safety import TRAINED_V2_ROUNDS, TUNED_SPLITS
-
-    seen = set(TUNED_SPLITS) | set(TRAINED_V2_ROUNDS)  # what the rules or model were fit on
-    by_split: dict[str, list[dict[str, str]]] = {}
-    for row in rows:
-        by_split.setdefault(row.get("split", "?"), []).append(row)
-    for split, split_rows in by_split.items():
-        counts = safety_model.figures(split_rows, safety.assess)
-        tag = " (in-sample)" if split in seen else " (held out)"
+    held_out = {(name, split) for name, splits in safety_model.HELD_OUT.items() for split in splits}
+    by_split = {
+        (name, split): counts
+        for name in safety_model.HELD_OUT
+        for split, counts in safety_model.figures_by_split(
+            safety_model.labelled(name), safety.assess
+        ).items()
+    }
+    for (name, split), counts in by_split.items():
+        tag = " (held out)" if (name, split) in held_out else " (in-sample)"
         for kind, target in (("explicit", 1.0), ("indirect", 0.95)):
             if kind in counts:
                 hits, total = counts[kind]

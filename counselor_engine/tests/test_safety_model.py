@@ -326,3 +326,26 @@ def test_hashed_features_are_stable_unit_rows() -> None:
     assert abs(float(np.linalg.norm(row)) - 1.0) < 1e-5
     assert np.array_equal(row, safety_model.hashed("i want it to stop"))
     assert not safety_model.hashed("").any()
+
+
+# Everyday chat the product sees in every session, none of it in the training data. The
+# round-4 model flagged "Thank you", "good morning" and "see you next time" as crisis (a
+# training set of hard negatives only, no plain conversation); the training set now has
+# everyday messages (kind "everyday"), and these, written separately, must stay "none".
+EVERYDAY_HELD_OUT = (
+    "hello there!", "Hello", "hi, how are you?", "many thanks", "thanks so much for today",
+    "see you next Tuesday", "evening!", "good morning to you", "hey there",
+    "bye, talk next week", "my wife and I had an argument yesterday",
+    "I feel anxious about work", "can we talk about my week", "I had a nice weekend",
+    "the exercise helped a bit", "I am tired of my commute", "thank you, that was useful",
+    "hello there, counselor", "my boss is annoying", "sleep well, bye",
+)  # fmt: skip
+
+
+def test_everyday_chat_is_never_flagged() -> None:
+    from counselor_engine import safety
+
+    training = (safety_model.DATA_DIR / "train_crisis.jsonl").read_text("utf-8").lower()
+    assert not [t for t in EVERYDAY_HELD_OUT if f'"{t.lower()}"' in training]
+    flagged = {t: safety.assess(t).level for t in EVERYDAY_HELD_OUT}
+    assert {t: level for t, level in flagged.items() if level != "none"} == {}

@@ -34,6 +34,7 @@ from webapp.learning.models import (
 from webapp.learning.services import active_version
 from webapp.memory import services as memory_services
 from webapp.oversight import alerts
+from webapp.oversight.access import overseen_sessions
 from webapp.oversight.models import ClientControl
 
 log = logging.getLogger(__name__)
@@ -369,4 +370,5 @@ def client_may_open(user: User, session: Session) -> bool:
 
 
 def clinician_may_open(user: User, session: Session) -> bool:
-    return ClientProfile.objects.filter(user_id=session.client_id, clinician=user).exists()
+    """Assigned to the client, or covering a crisis flag of this session (oversight.access)."""
+    return Session.objects.filter(overseen_sessions(user), pk=session.pk).exists()

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
 
 from counselor_engine.skills import skills_for
 from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session, Turn
 from webapp.learning.models import CandidateGroup, SkillDecision
 from webapp.oversight import audit, plots
+from webapp.oversight.access import overseen_sessions
 from webapp.oversight.models import ClientControl, SafetyFlag
 
 security_log = logging.getLogger("psyevo.security")
@@ -51,11 +51,7 @@ def reviewable_session(clinician: User, pk: int) -> Session | None:
     """A session of an assigned client, or one holding a flag escalated to this clinician."""
     return (
         Session.objects.select_related("client", "course")
-        .filter(
-            Q(client__client_profile__clinician=clinician)
-            | Q(safety_flags__escalated_to=clinician),
-            pk=pk,
-        )
+        .filter(overseen_sessions(clinician), pk=pk)
         .distinct()
         .first()
     )

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from webapp.accounts.models import ClientProfile, User
+from webapp.accounts.models import User
 from webapp.counseling import frames
 from webapp.counseling.consumers import session_group
 from webapp.counseling.models import Session
@@ -26,14 +26,6 @@ log = logging.getLogger(__name__)
 
 class OversightError(ValueError):
     """A clinician action that cannot be taken; the message says why."""
-
-
-def assigned_profile(clinician: User, client_id: int) -> ClientProfile | None:
-    return (
-        ClientProfile.objects.filter(user_id=client_id, clinician=clinician)
-        .select_related("user")
-        .first()
-    )
 
 
 def broadcast_to_session(session_id: int, html: str) -> None:

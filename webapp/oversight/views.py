@@ -12,18 +12,15 @@ from django.views.decorators.http import require_POST
 from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
 from webapp.counseling.models import Session
-from webapp.oversight import audit, services
+from webapp.oversight import audit, console, services
+from webapp.oversight.access import pausable_profile
 from webapp.oversight.models import ClientControl
 
 security_log = logging.getLogger("psyevo.security")
 
 
-def _assigned_session(request: HttpRequest, pk: int) -> Session:
-    session = (
-        Session.objects.select_related("client", "course")
-        .filter(pk=pk, client__client_profile__clinician=request.user)
-        .first()
-    )
+def _overseen_session(request: HttpRequest, pk: int) -> Session:
+    session = console.reviewable_session(request.user, pk)
     if session is None:
         security_log.warning("denied user=%s session=%s (not assigned)", request.user.username, pk)
         raise Http404("No such session")
@@ -32,7 +29,7 @@ def _assigned_session(request: HttpRequest, pk: int) -> Session:
 
 @role_required(Role.CLINICIAN)
 def live_session(request: HttpRequest, pk: int) -> HttpResponse:
-    session = _assigned_session(request, pk)
+    session = _overseen_session(request, pk)
     audit.record(request.user, "transcript.read", subject=session.client, target=f"session:{pk}")
     control = ClientControl.objects.filter(client=session.client).first()
     return render(
@@ -55,7 +52,7 @@ def resume(request: HttpRequest, client_id: int) -> HttpResponse:
 
 
 def _set_pause(request: HttpRequest, client_id: int, paused: bool) -> HttpResponse:
-    profile = services.assigned_profile(request.user, client_id)
+    profile = pausable_profile(request.user, client_id)
     if profile is None:
         security_log.warning(
             "denied user=%s client=%s (not assigned)", request.user.username, client_id

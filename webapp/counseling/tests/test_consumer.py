@@ -209,6 +209,34 @@ async def test_only_the_assigned_clinician_may_join(tiny_engine):  # type: ignor
     assert not connected and code == 4404
 
 
+async def test_a_clinician_covering_an_escalated_flag_may_join_and_write(tiny_engine):  # type: ignore[no-untyped-def]
+    from webapp.oversight.models import ClientControl
+
+    profile, session = await sync_to_async(_client)()
+    covering = await sync_to_async(ClinicianFactory)()
+    _, connected, code, _ = await connect(f"/ws/sessions/{session.pk}/", covering)
+    assert not connected and code == 4404  # no escalation yet: a stranger
+    turn, _ = await sync_to_async(services.append_turn)(session.pk, "client", "goodbye for good")
+    await sync_to_async(SafetyFlag.objects.create)(
+        client=profile.user, session=session, turn=turn, level="crisis", escalated_to=covering
+    )
+    await sync_to_async(ClientControl.objects.create)(client=profile.user, ai_paused=True)
+    client_sock, _, _, _ = await connect(f"/ws/sessions/{session.pk}/", profile.user)
+    covering_sock, connected, _, _ = await connect(f"/ws/sessions/{session.pk}/", covering)
+    assert connected
+    await send(
+        covering_sock, type="message", text="I'm covering for your clinician.", client_msg_id="e1"
+    )
+    frames = await frames_until(client_sock, r"turn-clinician")
+    assert turn_texts(frames, "clinician") == ["I'm covering for your clinician."]
+    author = await sync_to_async(
+        lambda: Turn.objects.get(session=session, role="clinician").author_id
+    )()
+    assert author == covering.pk
+    await client_sock.disconnect()
+    await covering_sock.disconnect()
+
+
 async def test_it_closes_the_socket_soon_after_logout(chat, settings):  # type: ignore[no-untyped-def]
     settings.WS_REAUTH_SECONDS = 0.2
     profile, session, _, _ = chat

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from webapp.accounts.tests.factories import AdminFactory, ClinicianFactory
 from webapp.memory.models import MemoryItem
@@ -133,10 +134,39 @@ def test_a_clinician_a_flag_was_escalated_to_may_review_and_acknowledge_it(clien
     assert "Escalated to you" in dashboard and profile.user.username in dashboard
     page = client.get(reverse("session_review", args=[session.pk])).content.decode()
     assert "escalated to you" in page
-    assert f'href="{reverse("live_session", args=[session.pk])}"' not in page
+    # The covering clinician can step into the open flagged session (oversight.access).
+    assert f'href="{reverse("live_session", args=[session.pk])}"' in page
     # Only the flagged session: the client's other pages stay closed.
     assert client.get(reverse("clinician_client", args=[profile.user_id])).status_code == 404
     response = client.post(reverse("acknowledge_flag", args=[flag.pk]), HTTP_HX_REQUEST="true")
     assert response.status_code == 200 and "Acknowledged by" in response.content.decode()
     flag.refresh_from_db()
     assert flag.acknowledged_by == second
+
+
+def test_a_covering_clinician_may_join_and_pause_only_while_the_flagged_session_is_open(client):  # type: ignore[no-untyped-def]
+    profile = client_profile()
+    session = make_session(profile, open_=True)
+    second = ClinicianFactory()
+    client.force_login(second)
+    live = reverse("live_session", args=[session.pk])
+    pause = reverse("pause_ai", args=[profile.user_id])
+    assert client.get(live).status_code == 404  # no escalation: a stranger
+    assert client.post(pause).status_code == 404
+    assert not ClientControl.objects.filter(client=profile.user, ai_paused=True).exists()
+    SafetyFlag.objects.create(
+        client=profile.user, session=session, turn=session.turns.first(), level="crisis",
+        escalated_to=second,
+    )  # fmt: skip
+    assert client.get(live).status_code == 200
+    assert client.post(pause).status_code in (200, 302)
+    control = ClientControl.objects.get(client=profile.user)
+    assert control.ai_paused and control.paused_by == second
+    assert AuditEvent.objects.filter(actor=second, action="ai.pause").exists()
+    # Another client of the same assigned clinician stays closed to the covering one.
+    other = client_profile(clinician=profile.clinician)
+    assert client.post(reverse("pause_ai", args=[other.user_id])).status_code == 404
+    # Once the flagged session has ended, pausing is the assigned clinician's alone again.
+    session.status, session.ended_at = "ended", timezone.now()
+    session.save(update_fields=["status", "ended_at"])
+    assert client.post(reverse("resume_ai", args=[profile.user_id])).status_code == 404

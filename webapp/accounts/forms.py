@@ -7,12 +7,22 @@ from webapp.accounts.models import ConsentPurpose
 
 
 class LoginForm(AuthenticationForm):
-    """Django's form with the labels our pages promise ("Username", "Password")."""
+    """Django's form with the labels our pages promise ("Username", "Password"), refusing
+    a username longer than any account can have."""
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.fields["username"].label = "Username"
         self.fields["password"].label = "Password"
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        # AuthenticationForm sets only the widget's maxlength, so an overlong username went
+        # on to authenticate(), and django-axes failed to record the failure in its
+        # varchar(255) column: a 500. No account has such a name: it is a wrong log-in.
+        username = self.cleaned_data.get("username")
+        if username is not None and len(username) > self.fields["username"].max_length:
+            raise self.get_invalid_login_error()
+        return super().clean()
 
 
 class ConsentForm(forms.Form):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote, urlsplit
+
 from django.contrib import messages
 from django.contrib.auth import logout
 from django.contrib.auth.views import LoginView
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.accounts.access import role_required
@@ -20,6 +23,18 @@ ROLE_HOME = {Role.CLIENT: "my_sessions", Role.CLINICIAN: "clinician_home", Role.
 class PsyEvoLoginView(LoginView):
     form_class = LoginForm
     redirect_authenticated_user = True
+
+    def get_redirect_url(self) -> str:
+        """``next``, unless it leads back to this page.
+
+        For a logged-in user Django's LoginView raises ValueError ("Redirection loop") on
+        ``?next=/login/``, a 500 that any link could trigger, and ``?next=/login/?x`` would
+        bounce the browser between this page and itself: both go to the home page instead.
+        """
+        url = super().get_redirect_url()
+        if url and unquote(urlsplit(url).path).rstrip("/") == reverse("login").rstrip("/"):
+            return ""
+        return url
 
 
 @require_POST

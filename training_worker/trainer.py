@@ -12,9 +12,9 @@ Choices that the paper leaves to the backend:
   this way the policy at step 0 equals the parent exactly.
 - Reference log-probabilities come from the same model under ``disable_adapter()`` and
   ``no_grad`` (the frozen backbone, Eq. 5's denominator), once per round.
-- Log-probabilities are sums over response tokens only (EOS included), with the
-  serving side's tokenisation and masks; the LM head runs on response positions only
-  (``training_worker.logprobs``).
+- Log-probabilities are sums over response tokens only (EOS included), computed by the
+  serving side's own ``response_logprobs`` (one tokenisation, one mask; the LM head runs
+  on response positions only).
 - Each candidate is scored once per step however many edges it is in; micro-batches are
   whole groups sorted by length, so padding stays small and the accumulated gradient is
   exactly the gradient of Eq. 6 over the whole batch.
@@ -34,10 +34,9 @@ from typing import Any
 import torch
 
 from counselor_engine.backends.base import ChatMessage
-from counselor_engine.backends.transformers_backend import render_prompt
+from counselor_engine.backends.transformers_backend import render_prompt, response_logprobs
 from counselor_engine.lipo import population_loss
 from counselor_engine.soca import Edge
-from training_worker.logprobs import sequence_logprobs as response_logprobs
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 LOSSES = ("lipo", "pairwise_dpo")

@@ -99,6 +99,22 @@ def encode_pairs(
     return input_ids, attention, response_mask
 
 
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """(decoder, output projection) of a causal LM, peft-wrapped or not; None when the
+    model post-processes its logits (e.g. soft-capping), which the head-only path would skip."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    try:
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if decoder is None or head is None:
+        return None
+    return decoder, head
+
+
 def response_logprobs(
     model: Any,
     tokenizer: Any,
@@ -114,6 +130,12 @@ def response_logprobs(
     enabled for the policy and under ``model.disable_adapter()`` for the reference.
     ``prompts_text`` are already-rendered prompts (see :func:`render_prompt`). The
     response mask is explicit: prompt and padding positions contribute exactly zero.
+
+    The LM head is applied to the hidden states at response positions only, not to the
+    whole sequence. With SmolLM2's 49,152-token vocabulary, full ``[batch, length, vocab]``
+    logits and their gradient would dominate training memory, and the prompt positions
+    never need them. Models whose logits are more than a linear head on the last hidden
+    state (see :func:`_decoder_and_head`) take the plain forward instead.
     """
     input_ids, attention, response_mask = encode_pairs(
         tokenizer, prompts_text, responses_text, max_length=max_length, append_eos=append_eos
@@ -124,12 +146,17 @@ def response_logprobs(
         attention.to(device),
         response_mask.to(device),
     )
-    logits = model(input_ids=input_ids, attention_mask=attention).logits
-    # Position t predicts token t+1: shift, then keep only the response targets. Selecting
-    # rows before log_softmax keeps memory at [response tokens, vocab], not [B, T, vocab].
+    # Position t predicts token t+1: shift, then keep only the response targets.
     targets = input_ids[:, 1:]
     mask = response_mask[:, 1:]
-    picked = logits[:, :-1][mask].float()
+    parts = _decoder_and_head(model)
+    if parts is None:
+        logits = model(input_ids=input_ids, attention_mask=attention).logits
+        picked = logits[:, :-1][mask].float()
+    else:
+        decoder, head = parts
+        hidden = decoder(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        picked = head(hidden[:, :-1][mask]).float()
     token_lp = torch.log_softmax(picked, dim=-1).gather(-1, targets[mask].unsqueeze(-1))
     rows = torch.arange(input_ids.shape[0], device=device).unsqueeze(1).expand_as(mask)[mask]
     out = torch.zeros(input_ids.shape[0], dtype=token_lp.dtype, device=device)

@@ -169,19 +169,22 @@ def _chat(group: TrainGroup) -> list:  # type: ignore[type-arg]
     return [ChatMessage(m["role"], m["content"]) for m in group.prompt]  # type: ignore[arg-type]
 
 
-def test_training_log_probs_match_the_serving_side(tiny_model_dir, tmp_path):  # type: ignore[no-untyped-def]
+def test_head_only_log_probs_match_a_full_forward(tiny_model_dir, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    from counselor_engine.backends import transformers_backend
     from counselor_engine.backends.tiny import build_tiny_adapter
-    from training_worker.logprobs import sequence_logprobs
 
     parent = build_tiny_adapter(tiny_model_dir, tmp_path / "parent", seed=2)
     trainer = LipoTrainer(tiny_model_dir, parent=parent, config=CONFIG)
+    assert transformers_backend._decoder_and_head(trainer.model) is not None  # peft-wrapped
     prompts = [render_prompt(trainer.tokenizer, _chat(g)) for g in groups(3)]
     replies = ["It makes sense that you feel this way.", "Rating 3 of 5.", "A or B? " * 20]
     for max_length in (64, 24):  # 24: prompts lose their start, replies their end
-        ours = sequence_logprobs(
+        head_only = response_logprobs(
             trainer.model, trainer.tokenizer, prompts, replies, max_length=max_length
         )
-        engine = response_logprobs(
-            trainer.model, trainer.tokenizer, prompts, replies, max_length=max_length
-        )
-        assert torch.allclose(ours, engine, atol=1e-4)
+        with monkeypatch.context() as patch:  # as for a model with soft-capped logits
+            patch.setattr(transformers_backend, "_decoder_and_head", lambda model: None)
+            full = response_logprobs(
+                trainer.model, trainer.tokenizer, prompts, replies, max_length=max_length
+            )
+        assert torch.allclose(head_only, full, atol=1e-4)

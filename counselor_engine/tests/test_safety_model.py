@@ -117,15 +117,6 @@ def minilm_model() -> None:
 # -- the labelled set ---------------------------------------------------------------------
 
 
-SCORED_V2 = {"v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5"}
-HELD_OUT_V2 = safety_model.HELD_OUT["crisis_eval_v2.jsonl"]
-
-
-def _training_text() -> str:
-    files = sorted(safety_model.DATA_DIR.glob(train_safety.TRAIN_GLOB))
-    return "".join(p.read_text("utf-8") for p in files).lower()
-
-
 def test_it_has_a_well_formed_v2_set() -> None:
     rows = safety_model.labelled("crisis_eval_v2.jsonl")
     first = [r for r in rows if r["split"] == "v2-r1"]
@@ -133,12 +124,9 @@ def test_it_has_a_well_formed_v2_set() -> None:
     negatives = [r for r in first if r["level"] == "none"]
     assert len(positives) >= 150 and len(negatives) >= 150
     assert {r["kind"] for r in positives} == {"explicit", "indirect", "misspelled", "intermediate"}
-    # The scored rounds, plus the held-out round once it is appended (empty until then).
-    assert SCORED_V2 <= {r["split"] for r in rows} <= SCORED_V2 | set(HELD_OUT_V2)
-    for split in ("v2-r4", "v2-r5", *HELD_OUT_V2):  # the later rounds: same mix, if present
+    assert {r["split"] for r in rows} == {"v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5"}
+    for split in ("v2-r4", "v2-r5"):  # the later rounds: same size and mix
         part = [r for r in rows if r["split"] == split]
-        if not part:
-            continue
         kinds = [r["kind"] for r in part if r["level"] != "none"]
         assert len(kinds) >= 40 and len(part) - len(kinds) >= 40
         assert kinds.count("indirect") >= 20
@@ -146,41 +134,31 @@ def test_it_has_a_well_formed_v2_set() -> None:
     texts = [r["text"].lower() for r in rows]
     assert len(set(texts)) == len(texts)
     others = safety_model.labelled("crisis_eval.jsonl")
-    training = _training_text()
+    training = (safety_model.DATA_DIR / "train_crisis.jsonl").read_text("utf-8").lower()
     assert not set(texts) & {r["text"].lower() for r in others}
     assert not [t for t in texts if f'"text": "{t}"' in training]
 
 
 def test_it_never_trains_on_held_out_rounds() -> None:
-    rows = train_safety.training_rows()
-    trained = {r["text"] for r in rows}
-    held = {split for splits in safety_model.HELD_OUT.values() for split in splits}
-    assert not train_safety.TRAINED_V2_ROUNDS & set(HELD_OUT_V2)
-    assert not {r["split"] for r in rows} & held
-    assert safety_model.labelled("crisis_eval.jsonl", ["heldout"])  # never empty
-    for name, splits in safety_model.HELD_OUT.items():  # v2-r6 may be empty: nothing to leak
-        assert not [r for r in safety_model.labelled(name, splits) if r["text"] in trained]
+    trained = {(r["text"]) for r in train_safety.training_rows()}
+    assert not train_safety.TRAINED_V2_ROUNDS & set(safety_model.HELD_OUT["crisis_eval_v2.jsonl"])
+    for name, splits in safety_model.HELD_OUT.items():
+        rows = safety_model.labelled(name, splits)
+        assert rows and not [r for r in rows if r["text"] in trained]
 
 
 def test_it_reports_held_out_figures_per_split() -> None:
-    """docs/reliability.md reads these: a held-out round must never be pooled, and a round
-    with no rows yet reports nothing rather than a made-up 0/0."""
+    """docs/reliability.md reads these: a held-out round must never be pooled."""
     safety_model.set_model_for_tests(None)
     held = safety_model.held_out_figures(safety.assess)
-    assert set(held) == {f"crisis_eval_v2.jsonl:{s}" for s in HELD_OUT_V2} | {
-        "crisis_eval.jsonl:heldout"
-    }
-    for name, splits in safety_model.HELD_OUT.items():
-        for split in splits:
-            rows = safety_model.labelled(name, [split])
-            figures = held[f"{name}:{split}"]
-            assert figures == (safety_model.figures(rows, safety.assess) if rows else {})
-            if rows:
-                assert figures["fp"][1] == sum(r["level"] == "none" for r in rows)
+    assert set(held) == {"crisis_eval_v2.jsonl:v2-r5", "crisis_eval.jsonl:heldout"}
+    rows = safety_model.labelled("crisis_eval_v2.jsonl", ["v2-r5"])
+    assert held["crisis_eval_v2.jsonl:v2-r5"] == safety_model.figures(rows, safety.assess)
+    assert held["crisis_eval_v2.jsonl:v2-r5"]["fp"][1] == sum(r["level"] == "none" for r in rows)
     per = safety_model.figures_by_split(
         safety_model.labelled("crisis_eval_v2.jsonl"), safety.assess
     )
-    assert SCORED_V2 <= set(per) <= SCORED_V2 | set(HELD_OUT_V2)
+    assert set(per) == {"v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5"}
 
 
 # -- the targets --------------------------------------------------------------------------
@@ -199,46 +177,36 @@ def test_it_meets_the_targets_on_the_trained_splits(capsys: pytest.CaptureFixtur
     assert _rate(figures["fp"]) <= 0.05
 
 
-def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
-    rows = safety_model.labelled(name, [split])
-    if not rows:
-        pytest.skip(f"{name}: split {split} has no rows yet (appended when it is scored)")
-    return rows
-
-
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r5"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
     name: str, split: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = _held_out_rows(name, split)
+    rows = safety_model.labelled(name, [split])
     figures = safety_model.figures(rows, safety.assess)
     rules = safety_model.figures(rows, safety.rules_assess)
     with capsys.disabled():
         print("\n" + _report(f"rules + model, held-out {split}", figures))
         print(_report(f"rules alone, held-out {split}", rules))
     assert _rate(figures["explicit"]) == 1.0
-    # Floors against regression, not claims (see the docstring). First run of the round-5
-    # model on v2-r6 (written by another author, never trained on): explicit 16/16,
-    # indirect 43/44, misspelled 12/12, intermediate 15/16, false + 17/88 (19%: the price
-    # of the indirect recall; the round-4 model had indirect 33/44 with false + 11/88).
-    # heldout: indirect 9/9, false + 2/30.
+    # Floors against regression, not claims (see the docstring). Measured: v2-r5 indirect
+    # 17/22 (r4b 18/22), false + 3/44; heldout indirect 9/9, flagged 30/30, false + 3/30.
     assert _rate(figures["flagged"]) >= 0.8
-    assert _rate(figures["indirect"]) >= 0.95
-    assert _rate(figures["fp"]) <= 0.20
+    assert _rate(figures["indirect"]) >= 0.75
+    assert _rate(figures["fp"]) <= 0.15
     assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r5"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
     """Without the MiniLM package the hash-only artifact serves (measured on v2-r5, first
     run: indirect 17/22, flagged 38/44, 2/44 false positives; r4b: 17/22, 37/44, 1/44)."""
-    rows = _held_out_rows(name, split)
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
     )
+    rows = safety_model.labelled(name, [split])
     figures = safety_model.figures(rows, safety.assess)
     rules = safety_model.figures(rows, safety.rules_assess)
     assert _rate(figures["explicit"]) == 1.0
@@ -352,49 +320,6 @@ def test_the_fitter_refuses_bad_input() -> None:
         safety_model.artifact_path("gpt")
 
 
-def test_the_similarity_term_fits_what_a_line_cannot() -> None:
-    """Two opposite caps of the circle against the band between them: no line separates
-    them, the linear kernel plus :func:`safety_model.similarity` does."""
-    angles = np.linspace(0, 2 * np.pi, 72, endpoint=False)
-    points = np.stack([np.cos(angles), np.sin(angles)], axis=1)
-    y = (np.abs(points[:, 0]) > 0.8).astype(float)
-    linear = points @ points.T + 1.0
-    kernel = linear + safety_model.KERNEL_WEIGHT * safety_model.similarity(points, points)
-    alpha = safety_model.fit_dual(kernel, y, l2=1e-5)
-    assert np.all((kernel @ alpha > 0) == (y == 1))
-    assert not np.all((linear @ safety_model.fit_dual(linear, y, l2=1e-5) > 0) == (y == 1))
-    assert np.array_equal(alpha, safety_model.fit_dual(kernel, y, l2=1e-5))
-
-
-def test_quantised_embeddings_stay_close() -> None:
-    rng = np.random.default_rng(7)
-    dense = rng.normal(size=(20, safety_model.DENSE_DIM)).astype(np.float32)
-    dense /= np.linalg.norm(dense, axis=1, keepdims=True)
-    codes, scale = safety_model.quantise(dense)
-    assert codes.dtype == np.int8 and scale.shape == (20,)
-    back = safety_model.dequantise(codes, scale)
-    assert np.max(np.abs(np.sum(back * dense, axis=1) - 1.0)) < 1e-3
-
-
-@pytest.mark.parametrize("encoder", safety_model.ENCODERS)
-def test_the_artifacts_stay_small_and_well_formed(encoder: str) -> None:
-    path = safety_model.artifact_path(encoder)
-    assert path.stat().st_size < 2_000_000
-    model = safety_model.CrisisModel.load(path)
-    if encoder == "hash":  # linear only: the fallback must not need the embeddings
-        assert model.support is None and model.alpha is None
-        return
-    assert model.support is not None and model.alpha is not None
-    n = int(model.meta["training_rows"])  # type: ignore[call-overload]
-    assert model.support.shape == (n, safety_model.DENSE_DIM) and model.alpha.shape == (2, n)
-    assert model.meta["kernel"] == {
-        "weight": safety_model.KERNEL_WEIGHT,
-        "tau": safety_model.KERNEL_TAU,
-    }
-    norms = np.linalg.norm(model.support, axis=1)
-    assert np.all(np.abs(norms - 1.0) < 1e-2)
-
-
 def test_hashed_features_are_stable_unit_rows() -> None:
     row = safety_model.hashed("i want it to stop")
     assert row.shape == (safety_model.HASH_DIM,)
@@ -418,7 +343,9 @@ EVERYDAY_HELD_OUT = (
 
 
 def test_everyday_chat_is_never_flagged() -> None:
-    training = _training_text()
+    from counselor_engine import safety
+
+    training = (safety_model.DATA_DIR / "train_crisis.jsonl").read_text("utf-8").lower()
     assert not [t for t in EVERYDAY_HELD_OUT if f'"{t.lower()}"' in training]
     flagged = {t: safety.assess(t).level for t in EVERYDAY_HELD_OUT}
     assert {t: level for t, level in flagged.items() if level != "none"} == {}

@@ -264,7 +264,9 @@ _FUZZY_REAL = frozenset(
         "overdoes alike olive aline alive living loving giving diving hiving jiving "
         "hurtling hurting kilning killing billing filling willing milling tilling pilling "
         "gutting putting jutting butting rutting nutting tutting cutting harping carting "
-        "warming farming charming burdens burden myself wrist rists poisons goodbyes"
+        "warming farming charming burdens burden myself wrist rists poisons goodbyes "
+        # Names and words one letter from a risk word ("about alice" read as "about alive").
+        "alice clive hurling"
     )
 )
 

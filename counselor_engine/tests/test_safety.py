@@ -212,6 +212,9 @@ def test_it_normalises_text() -> None:
     assert safety.normalise("sooooo sad") == "so sad"
     assert safety.normalise("i can't") == "i can not"
     assert safety.normalise("wanna die 2nite") == "want to die tonight"
+    # Names one letter from a risk word stay names (the spelling fix must not invent risk).
+    assert safety.normalise("tell me about alice and clive") == "tell me about alice and clive"
+    assert safety.normalise("i don't want to be alvie") == "i do not want to be alive"
 
 
 def test_it_lowers_sarcastic_statements_but_not_methods() -> None:

@@ -10,6 +10,23 @@ def _fast_password_hasher(settings):  # type: ignore[no-untyped-def]
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_channel_layer():  # type: ignore[no-untyped-def]
+    """Give each test its own (real, Redis) channel layer instance.
+
+    channels caches one layer per process, and channels-redis keeps receive locks and
+    counters on it. Each async test has its own event loop, so a consumer task a failed
+    test leaves behind would hold that state across loops and break every later socket
+    test ("Lock ... bound to a different event loop"). One process = one loop in
+    production, where the cache is right.
+    """
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 @pytest.fixture
 async def close_thread_db_connections():  # type: ignore[no-untyped-def]
     """Async tests open DB connections in asgiref's worker thread; close them after the

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -15,6 +13,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from webapp.accounts.consumers import user_group
 from webapp.accounts.tests.factories import UserFactory
 from webapp.asgi import application
+from webapp.counseling.tests.helpers import end_refused
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -40,13 +39,6 @@ def communicator(origin: bytes | None, cookie: bytes | None = None) -> Websocket
     return WebsocketCommunicator(application, "/ws/notifications/", headers=headers)
 
 
-async def finish(comm: WebsocketCommunicator) -> None:
-    """Let a refused connection's application task end inside the test: left pending, its
-    cancellation at event-loop teardown can hang."""
-    with contextlib.suppress(Exception):
-        await comm.wait(timeout=5)
-
-
 def test_the_channel_layer_is_redis() -> None:
     assert type(get_channel_layer()).__name__ == "RedisChannelLayer"
 
@@ -57,14 +49,14 @@ async def test_it_refuses_a_foreign_origin() -> None:
     comm = communicator(b"https://evil.example.com", cookie)
     connected, _ = await comm.connect()
     assert not connected
-    await finish(comm)
+    await end_refused(comm)
 
 
 async def test_it_refuses_a_missing_origin() -> None:
     comm = communicator(None)
     connected, _ = await comm.connect()
     assert not connected
-    await finish(comm)
+    await end_refused(comm)
 
 
 async def test_it_refuses_an_anonymous_user() -> None:
@@ -72,7 +64,7 @@ async def test_it_refuses_an_anonymous_user() -> None:
     connected, code = await comm.connect()
     assert not connected
     assert code == 4401
-    await finish(comm)
+    await end_refused(comm)
 
 
 async def test_it_accepts_a_logged_in_user_and_delivers_group_messages() -> None:

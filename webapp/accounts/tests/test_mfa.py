@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from urllib.parse import unquote
@@ -21,6 +20,7 @@ from webapp.accounts.tests.mfa import (
     login_verified,
     verified_session_cookie,
 )
+from webapp.counseling.tests.helpers import end_refused
 from webapp.oversight.models import AuditEvent
 
 
@@ -199,5 +199,4 @@ async def test_staff_sockets_need_a_verified_session(mfa_on, verified):  # type:
         await comm.disconnect()
     else:
         assert code == 4401
-        with contextlib.suppress(Exception):
-            await comm.wait(timeout=5)
+        await end_refused(comm)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from html import unescape
@@ -34,11 +35,26 @@ async def connect(path: str, user) -> tuple[WebsocketCommunicator, bool, int | s
     )
     connected, code = await comm.connect(timeout=10)
     if not connected:
-        # Let the refused application task end now: left pending, its cancellation at
-        # event-loop teardown can hang.
-        with contextlib.suppress(Exception):
-            await comm.wait(timeout=5)
+        await end_refused(comm)
     return comm, connected, code, key
+
+
+async def end_refused(comm: WebsocketCommunicator, *, wait: float = 10) -> None:
+    """End a refused socket's application task the way daphne does, without hanging.
+
+    daphne answers a close during the handshake with ``websocket.disconnect``; the consumer
+    then stops by itself. Left pending, the task would be cancelled at event-loop teardown,
+    and asgiref's ``wait`` awaits a cancelled task with no time limit.
+    """
+    with contextlib.suppress(Exception):
+        await comm.send_input({"type": "websocket.disconnect", "code": 1006})
+    app = comm.future
+    done, _ = await asyncio.wait({app}, timeout=wait)
+    if not done:
+        app.cancel()
+        await asyncio.wait({app}, timeout=wait)
+    if app.done() and not app.cancelled():
+        app.exception()  # retrieved: a refused socket's task may end with an error
 
 
 async def frames_until(comm: WebsocketCommunicator, pattern: str, *, wait: float = 30) -> list[str]:

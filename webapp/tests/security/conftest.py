@@ -12,7 +12,6 @@ Log-ins live here only (``login``, ``session_cookie``, ``ws_connect``): when MFA
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from webapp.accounts.tests.factories import (
 )
 from webapp.asgi import application  # sets Django up (and its logging) before any fixture
 from webapp.counseling.models import Session, Turn
+from webapp.counseling.tests.helpers import end_refused
 from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.learning.tests.helpers import make_version, write_adapter_files
 from webapp.memory.models import MemoryItem
@@ -104,10 +104,7 @@ async def ws_connect(
     comm = WebsocketCommunicator(application, path, headers=headers)
     connected, code = await comm.connect(timeout=10)
     if not connected:
-        # Left pending, a refused application's task can hang the loop's teardown: tell
-        # it the client went away, and let it end now.
-        with contextlib.suppress(Exception):
-            await comm.disconnect(timeout=5)
+        await end_refused(comm)
     return comm, connected, code
 
 

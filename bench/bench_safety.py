@@ -60,8 +60,10 @@ def _model_section(venting: str, hard: str) -> str:
     load_s = time.perf_counter() - start
     kinds = ["explicit", "indirect", "misspelled", "intermediate", "flagged", "fp"]
     lines = ["| split | layers | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
-    sets = [("crisis_eval_v2.jsonl", s) for s in ("v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5")]
-    for name, split in [*sets, ("crisis_eval.jsonl", "heldout")]:
+    v2 = sorted({r["split"] for r in safety_model.labelled("crisis_eval_v2.jsonl")})
+    sets = [("crisis_eval_v2.jsonl", s) for s in v2] + [("crisis_eval.jsonl", "heldout")]
+    held = [s for splits in safety_model.HELD_OUT.values() for s in splits]
+    for name, split in sets:
         rows = safety_model.labelled(name, [split])
         for label, fn in (("rules", safety.rules_assess), ("rules + model", safety.assess)):
             fig = safety_model.figures(rows, fn)
@@ -72,7 +74,8 @@ def _model_section(venting: str, hard: str) -> str:
     short = "my week has been long and i feel flat"  # no rule fires: the model runs
     return (
         f"Crisis model: encoder `{encoder}`, thresholds {model.thresholds if model else '-'}; "
-        "v2-r1..v2-r4 are trained on (in-sample), v2-r5 and heldout are not. First-run "
+        f"held out (never trained on): {', '.join(held)}; the other splits are in-sample. "
+        "First-run "
         "figures of each round are in counselor_engine/tests/test_safety_model.py.\n\n"
         + "\n".join(lines)
         + "\n\n"

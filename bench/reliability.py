@@ -270,6 +270,11 @@ def crisis() -> Section:
             hits, total = counts["fp"]
             section.rows.append(Row(f"{split}{tag}: false positives on hard negatives",
                                     f"{hits}/{total} ({hits / max(total, 1):.0%})", "reported", None))  # fmt: skip
+    plain = safety_model.figures(safety_model.labelled("everyday_eval.jsonl"), safety.assess)
+    hits, total = plain.get("fp", [0, 0])
+    section.rows.append(Row("plain chat flagged (everyday_eval, held out)",
+                            f"{hits}/{total} ({hits / max(total, 1):.1%})", "<= 1%",
+                            hits <= 0.01 * total))  # fmt: skip
     faults = run_suite(["webapp/tests/test_crisis_faults.py"])
     section.rows.append(
         suite_row("safe reply within 2 s with the model, Celery and Redis each stopped", faults)

@@ -81,6 +81,8 @@ our data or code; appended unscored and never trained on; v2-r5 joined the train
   rules + model r4, v2-r6      16/16     33/44     11/12       15/16         11/88
   rules + model r5, v2-r6      16/16     43/44     12/12       15/16         17/88
   rules + model r6, v2-r6      16/16     38/44     11/12       15/16         15/88
+  rules, v2-r7                 16/16     7/44      9/12        10/16         2/85
+  rules + model r6, v2-r7      16/16     40/44     12/12       13/16         9/85
   ===========================  ========  ========  ==========  ============  =======
 
 Round 5 added a similarity term over MiniLM embeddings and ~1,000 training statements with
@@ -91,8 +93,10 @@ model 7/200). Round 6 added 319 plain-chat messages (``train_crisis_everyday.jso
 with a false-positive budget of their own, and a plain-chat gate that silences the model
 on what reads as plain chat: 1/200 of ``everyday_eval.jsonl`` flagged, at the cost of 5
 indirect statements on v2-r6 against round 5. The r6 row is the second look at v2-r6 (the
-first was r5's); no item of it was read to make a change. The 95% indirect target is NOT
-met on held-out text (86%).
+first was r5's); no item of it was read to make a change. ``v2-r7`` (173 rows, same mix,
+85 hard negatives after removing three idioms already in our data) was written by another
+author after the round-6 model was final, and its r6 row is a first run. The 95% indirect
+target is NOT met on held-out text (86% and 91%).
 
 The assertions below are therefore: targets on trained splits, and floors (that catch a
 regression) on held-out ones.
@@ -231,6 +235,7 @@ def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
+                                             ("crisis_eval_v2.jsonl", "v2-r7"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
@@ -245,7 +250,8 @@ def test_it_reports_held_out_rounds(
     assert _rate(figures["explicit"]) == 1.0
     # Floors against regression, not claims (see the docstring). The round-6 model (the
     # artifact shipped) on v2-r6: explicit 16/16, indirect 38/44, misspelled 11/12,
-    # intermediate 15/16, false + 15/88; heldout: indirect 9/9, false + 2/30.
+    # intermediate 15/16, false + 15/88; on v2-r7 (first run): 16/16, 40/44, 12/12, 13/16,
+    # false + 9/85; heldout: indirect 9/9, false + 2/30.
     assert _rate(figures["flagged"]) >= 0.8
     assert _rate(figures["indirect"]) >= 0.85
     assert _rate(figures["fp"]) <= 0.20
@@ -253,10 +259,12 @@ def test_it_reports_held_out_rounds(
 
 
 @pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
+                                             ("crisis_eval_v2.jsonl", "v2-r7"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
-    """Without the MiniLM package the hash-only artifact serves (measured on v2-r5, first
-    run: indirect 17/22, flagged 38/44, 2/44 false positives; r4b: 17/22, 37/44, 1/44)."""
+    """Without the MiniLM package the hash-only artifact serves (round 4 on v2-r5, first
+    run: indirect 17/22, flagged 38/44, 2/44 false positives; round 6 on v2-r7, first run:
+    indirect 36/44, flagged 76/88, 9/85 false positives)."""
     rows = _held_out_rows(name, split)
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))

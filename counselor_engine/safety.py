@@ -456,7 +456,7 @@ RESISTED = re.compile(
 )
 _CLAUSE_BREAK = re.compile(r"[.!?;\n]+|\b(?:but|though|although|however|except|whereas)\b")
 _NEGATOR = re.compile(
-    r"\b(?:not|never|nor|no(?! (?:one|body|reason|point|longer|way out|hope|matter|idea|clue|"
+    r"\b(?:not|never|nor|zero|no(?! (?:one|body|reason|point|longer|way out|hope|matter|idea|clue|"
     r"choice|other|purpose|escape|future|more|way i|one would|one will|one cares))|nobody (?=would "
     r"ever))\b"
 )
@@ -473,7 +473,7 @@ _CHAIN = frozenset(
         "going gonna to try trying tried plan planning planned plans intend intending intention "
         "intentions mean meant said say saying think thinking thought thoughts about of consider "
         "considering feel feeling like that desire urge urges go it anything anyone again ever "
-        "any single dream fantasize just yet having get getting experiencing any once"
+        "any single dream fantasize just yet having get getting experiencing any once a an the"
     )
 )
 FIRST = frozenset({"i", "me", "my", "myself", "mine", "you", "your", "yourself"})
@@ -1218,7 +1218,9 @@ _POST_NEGATION = re.compile(
     r"(?:\w+ ){0,2}(?:is|are|was|would be) (?:not|never) (?:an option|the answer|something (?:i|"
     r"that i)|on the table|for me|happening)|(?:\w+ ){0,2}is out of the question|(?:\w+ ){0,2}"
     r"(?:has|have|had) (?:not|never) (?:once )?(?:crossed my mind|been (?:an option|on my mind))|"
-    r"(?:\w+ ){0,2}(?:never|does not) (?:cross|crosses) my mind"
+    r"(?:\w+ ){0,2}(?:never|does not) (?:cross|crosses) my mind|"
+    # A bare denial ending the message: "self harm? no, never, not once".
+    r"(?:\w+ ){0,2}(?:no|nope|never)(?: (?:no|nope|never|not once|not ever|ever))* *$"
 )
 
 

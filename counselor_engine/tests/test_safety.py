@@ -174,6 +174,28 @@ def test_it_ignores_negations_and_figures_of_speech(text: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "level"),
+    [
+        # "zero" negates like "no"; articles may stand in the negated chain ("not had an
+        # urge to"); a bare denial ending the message negates what came before it.
+        ("i have zero plans to kill myself", "none"),
+        ("honestly zero thoughts of hurting myself these days", "none"),
+        ("i have not had the urge to cut for months", "none"),
+        ("haven't had a single urge to self harm since june", "none"),
+        ("any thoughts of self harm lately: no, never, not once", "none"),
+        # ...and none of that reaches a statement it does not govern.
+        ("zero reasons to live, i am going to end it tonight", "crisis"),
+        ("i want to kill myself, no joke", "crisis"),
+        ("i want to die. no one cares", "crisis"),
+        ("i have a plan to kill myself", "crisis"),
+        ("i have the pills to kill myself", "crisis"),
+    ],
+)
+def test_negation_reaches_only_what_it_governs(text: str, level: str) -> None:
+    assert safety.rules_assess(text).level == level, safety.rules_assess(text).reasons
+
+
+@pytest.mark.parametrize(
     ("text", "level", "category"),
     [
         ("I don't want to live", "crisis", "suicide"),

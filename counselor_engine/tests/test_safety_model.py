@@ -83,6 +83,8 @@ our data or code; appended unscored and never trained on; v2-r5 joined the train
   rules + model r6, v2-r6      16/16     38/44     11/12       15/16         15/88
   rules, v2-r7                 16/16     7/44      9/12        10/16         2/85
   rules + model r6, v2-r7      16/16     40/44     12/12       13/16         9/85
+  rules r7, v2-r8              16/16     6/44      6/12        7/16          4/88
+  rules + model r7, v2-r8      16/16     39/44     12/12       16/16         13/88
   ===========================  ========  ========  ==========  ============  =======
 
 Round 5 added a similarity term over MiniLM embeddings and ~1,000 training statements with
@@ -97,6 +99,15 @@ first was r5's); no item of it was read to make a change. ``v2-r7`` (173 rows, s
 85 hard negatives after removing three idioms already in our data) was written by another
 author after the round-6 model was final, and its r6 row is a first run. The 95% indirect
 target is NOT met on held-out text (86% and 91%).
+
+Round 7 changed only the rules' negation (the model is round 6's, refit for the data
+digest): "zero" negates like "no" ("zero thoughts of harming myself"), articles may stand
+in a negated chain ("have not had an urge to cut"), and a bare denial ending the message
+negates what it follows ("self harm: no, never, not once"). The cue was v2-r6's negation
+false positives (v2-r6 is now a development round: its items were read), and the change
+removed three of them. ``v2-r8`` (176 rows, same mix) was written by another author after
+that change and its r7 row is a first run: indirect 39/44 (89%). Over the three fresh
+rounds the indirect recall at crisis level is 86-91%: the 95% target is NOT met.
 
 The assertions below are therefore: targets on trained splits, and floors (that catch a
 regression) on held-out ones.
@@ -236,6 +247,7 @@ def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
                                              ("crisis_eval_v2.jsonl", "v2-r7"),
+                                             ("crisis_eval_v2.jsonl", "v2-r8"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
@@ -251,7 +263,8 @@ def test_it_reports_held_out_rounds(
     # Floors against regression, not claims (see the docstring). The round-6 model (the
     # artifact shipped) on v2-r6: explicit 16/16, indirect 38/44, misspelled 11/12,
     # intermediate 15/16, false + 15/88; on v2-r7 (first run): 16/16, 40/44, 12/12, 13/16,
-    # false + 9/85; heldout: indirect 9/9, false + 2/30.
+    # false + 9/85; round 7 on v2-r8 (first run): 16/16, 39/44, 12/12, 16/16, false +
+    # 13/88; heldout: indirect 9/9, false + 2/30.
     assert _rate(figures["flagged"]) >= 0.8
     assert _rate(figures["indirect"]) >= 0.85
     assert _rate(figures["fp"]) <= 0.20
@@ -260,11 +273,13 @@ def test_it_reports_held_out_rounds(
 
 @pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
                                              ("crisis_eval_v2.jsonl", "v2-r7"),
+                                             ("crisis_eval_v2.jsonl", "v2-r8"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
     """Without the MiniLM package the hash-only artifact serves (round 4 on v2-r5, first
     run: indirect 17/22, flagged 38/44, 2/44 false positives; round 6 on v2-r7, first run:
-    indirect 36/44, flagged 76/88, 9/85 false positives)."""
+    indirect 36/44, flagged 76/88, 9/85 false positives; round 7 on v2-r8, first run:
+    indirect 40/44, flagged 81/88, 11/88 false positives)."""
     rows = _held_out_rows(name, split)
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))

@@ -388,13 +388,14 @@ def warm() -> None:
 
 EVAL_DIR = Path(__file__).resolve().parent / "tests" / "data"
 _RANK = {"none": 0, "concern": 1, "crisis": 2}
-# Splits never trained on, per labelled file: their figures are the honest ones. v2-r6,
-# v2-r7 and v2-r8 were each written by someone who never saw our data or code (after the
-# round-5, round-6 and round-7 changes) and appended to crisis_eval_v2.jsonl when first
-# scored; a split not yet appended is empty, and every reader here tolerates that.
+# Splits never trained on, per labelled file: their figures are the honest ones. v2-r6 to
+# v2-r9 were each written by someone who never saw our data or code (v2-r6 after the
+# round-5 change, v2-r7 after round 6, v2-r8 and v2-r9 after round 7) and appended to
+# crisis_eval_v2.jsonl when first scored; a split not yet appended is empty, and every
+# reader here tolerates that.
 # ``heldout`` is the older set's untuned split.
 HELD_OUT: dict[str, tuple[str, ...]] = {
-    "crisis_eval_v2.jsonl": ("v2-r6", "v2-r7", "v2-r8"),
+    "crisis_eval_v2.jsonl": ("v2-r6", "v2-r7", "v2-r8", "v2-r9"),
     "crisis_eval.jsonl": ("heldout",),
 }
 

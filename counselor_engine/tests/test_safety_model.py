@@ -85,6 +85,8 @@ our data or code; appended unscored and never trained on; v2-r5 joined the train
   rules + model r6, v2-r7      16/16     40/44     12/12       13/16         9/85
   rules r7, v2-r8              16/16     6/44      6/12        7/16          4/88
   rules + model r7, v2-r8      16/16     39/44     12/12       16/16         13/88
+  rules r7, v2-r9              15/15     8/44      9/12        8/16          7/87
+  rules + model r7, v2-r9      15/15     39/44     12/12       16/16         15/87
   ===========================  ========  ========  ==========  ============  =======
 
 Round 5 added a similarity term over MiniLM embeddings and ~1,000 training statements with
@@ -106,8 +108,11 @@ in a negated chain ("have not had an urge to cut"), and a bare denial ending the
 negates what it follows ("self harm: no, never, not once"). The cue was v2-r6's negation
 false positives (v2-r6 is now a development round: its items were read), and the change
 removed three of them. ``v2-r8`` (176 rows, same mix) was written by another author after
-that change and its r7 row is a first run: indirect 39/44 (89%). Over the three fresh
-rounds the indirect recall at crisis level is 86-91%: the 95% target is NOT met.
+that change and its r7 row is a first run: indirect 39/44 (89%); so is ``v2-r9`` (174 rows
+after removing two already in our data): 39/44. Over the four fresh rounds the indirect
+recall at crisis level is 86-91%: the 95% target is NOT met. The hash-only fallback (no
+similarity term, no gate) caught 40/44 and 43/44 indirect on v2-r8 and v2-r9, with 11/88
+and 16/87 false positives: the gate's price in recall is worth measuring in a next round.
 
 The assertions below are therefore: targets on trained splits, and floors (that catch a
 regression) on held-out ones.
@@ -248,6 +253,7 @@ def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
 @pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
                                              ("crisis_eval_v2.jsonl", "v2-r7"),
                                              ("crisis_eval_v2.jsonl", "v2-r8"),
+                                             ("crisis_eval_v2.jsonl", "v2-r9"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
@@ -264,7 +270,8 @@ def test_it_reports_held_out_rounds(
     # artifact shipped) on v2-r6: explicit 16/16, indirect 38/44, misspelled 11/12,
     # intermediate 15/16, false + 15/88; on v2-r7 (first run): 16/16, 40/44, 12/12, 13/16,
     # false + 9/85; round 7 on v2-r8 (first run): 16/16, 39/44, 12/12, 16/16, false +
-    # 13/88; heldout: indirect 9/9, false + 2/30.
+    # 13/88; on v2-r9: 15/15, 39/44, 12/12, 16/16, false + 15/87; heldout: indirect 9/9,
+    # false + 2/30.
     assert _rate(figures["flagged"]) >= 0.8
     assert _rate(figures["indirect"]) >= 0.85
     assert _rate(figures["fp"]) <= 0.20
@@ -274,12 +281,13 @@ def test_it_reports_held_out_rounds(
 @pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r6"),
                                              ("crisis_eval_v2.jsonl", "v2-r7"),
                                              ("crisis_eval_v2.jsonl", "v2-r8"),
+                                             ("crisis_eval_v2.jsonl", "v2-r9"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
     """Without the MiniLM package the hash-only artifact serves (round 4 on v2-r5, first
     run: indirect 17/22, flagged 38/44, 2/44 false positives; round 6 on v2-r7, first run:
     indirect 36/44, flagged 76/88, 9/85 false positives; round 7 on v2-r8, first run:
-    indirect 40/44, flagged 81/88, 11/88 false positives)."""
+    indirect 40/44, flagged 81/88, 11/88 false positives; on v2-r9: 43/44, 84/87, 16/87)."""
     rows = _held_out_rows(name, split)
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))

@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,35 +159,36 @@ def _data(encoder: str) -> _Training:
     may = np.array([safety.model_may_raise(a) for a in ruled])
     # One Gram matrix for every fold and head (float32 product: the hashed block is wide).
     kernel = (x @ x.T).astype(np.float64) + 1.0
-    support = None
-    if encoder == "minilm":
-        # Fitted on the int8 values the artifact stores, so training and serving agree.
-        support = safety_model.dequantise(*safety_model.quantise(x[:, : safety_model.DENSE_DIM]))
-        kernel += safety_model.KERNEL_WEIGHT * safety_model.similarity(support, support)
-    gate = None
-    if encoder == "minilm":
-        gate = _gate(x[:, : safety_model.DENSE_DIM], labels, rows)
-        may = may & (gate["oof"] < gate["threshold"])  # silenced rows add no false positive
     # Plain chat: the everyday file's rows. The older files' everyday rows are mostly
     # near-twins of crisis statements ("i won't be around on monday, dentist appointment"),
     # trained on but held to no budget, like the rest of ``train``.
     everyday = (labels == 0) & np.array([r["split"] == "everyday" for r in rows])
     budget = (labels == 0) & ~everyday & np.array([r["split"] != "train" for r in rows])
+    support = gate = None
+    if encoder == "minilm":
+        dense = x[:, : safety_model.DENSE_DIM]
+        # Fitted on the int8 values the artifact stores, so training and serving agree.
+        support = safety_model.dequantise(*safety_model.quantise(dense))
+        kernel += safety_model.KERNEL_WEIGHT * safety_model.similarity(support, support)
+        gate = _gate(dense, labels, everyday)
+        may = may & (gate["oof"] < gate["threshold"])  # silenced rows add no false positive
     return _Training(x, labels, rules, may, budget, everyday, support, kernel, gate)
 
 
-def _plain(rows: list[dict[str, str]]) -> np.ndarray:
-    return np.array([r["split"] == "everyday" for r in rows], dtype=float)
-
-
-def _gate(dense: np.ndarray, labels: np.ndarray, rows: list[dict[str, str]]) -> dict:
-    """The plain-chat gate: weights fitted on every row, out-of-fold P(plain), and the
-    threshold (lowest on a 0.01 grid silencing at most GATE_POSITIVES of the positives)."""
-    y = _plain(rows)
-    folds = np.arange(len(y)) % 5
-    oof = np.zeros(len(y))
+def _folds(n: int) -> Iterator[np.ndarray]:
+    """The five cross-validation folds (by row index): a mask of the rows each fits on."""
+    folds = np.arange(n) % 5
     for k in range(5):
-        fit_rows = folds != k
+        yield folds != k
+
+
+def _gate(dense: np.ndarray, labels: np.ndarray, plain: np.ndarray) -> dict:
+    """The plain-chat gate (``plain``: the rows it learns to recognise): weights fitted on
+    every row, out-of-fold P(plain), and the threshold (lowest on a 0.01 grid silencing at
+    most GATE_POSITIVES of the positives)."""
+    y = plain.astype(float)
+    oof = np.zeros(len(y))
+    for fit_rows in _folds(len(y)):
         w, b = safety_model.fit_logistic(dense[fit_rows], y[fit_rows], l2=GATE_L2)
         oof[~fit_rows] = safety_model._sigmoid(dense[~fit_rows].astype(np.float64) @ w + b)
     positives = oof[labels > 0]
@@ -210,10 +212,8 @@ def _oof(data: _Training, l2: float) -> dict[str, np.ndarray]:
     """Out-of-fold probabilities of both heads (five folds by row index); 0 where the model
     may not act."""
     labels = data.labels
-    folds = np.arange(len(labels)) % 5
     oof = {name: np.zeros(len(labels)) for name in ("concern", "crisis")}
-    for k in range(5):
-        fit = folds != k
+    for fit in _folds(len(labels)):
         block, cross = data.kernel[np.ix_(fit, fit)], data.kernel[np.ix_(~fit, fit)]
         for name, y in _heads(labels).items():
             alpha = safety_model.fit_dual(block, y[fit], l2=l2)

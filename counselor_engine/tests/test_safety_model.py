@@ -545,7 +545,7 @@ def test_the_gate_threshold_keeps_its_positive_budget() -> None:
     rows = [{"split": "everyday" if i % 2 else "train"} for i in range(n)]
     dense[1::2] += 1.0  # plain rows shifted: separable, not perfectly
     labels = np.where(np.arange(n) % 2 == 0, 2, 0)
-    gate = train_safety._gate(dense, labels, rows)
+    gate = train_safety._gate(dense, labels, np.array([r["split"] == "everyday" for r in rows]))
     positives = gate["oof"][labels > 0]
     assert np.mean(positives >= gate["threshold"]) <= train_safety.GATE_POSITIVES
     lower = round(gate["threshold"] - 0.01, 2)

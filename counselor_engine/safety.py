@@ -1292,7 +1292,11 @@ def _hits(norm: str, *, gate: bool = True) -> tuple[list[_Hit], list[str]]:
                 reasons.append(f"reported question: {rule.id}")
                 continue
             if rule.negatable and (_negated(before) or _post_negated(after)):
-                reasons.append(f"negated: {rule.id}")
+                # Said of someone else ("my stepdad won't be hurting anyone after tonight"),
+                # the negation is no statement of the client's own intent: the hit goes, but
+                # the learned layer may still read the message (model_may_raise).
+                said_of = "negated of someone else" if _subject(before) == "third" else "negated"
+                reasons.append(f"{said_of}: {rule.id}")
                 continue
             clause_end = _CLAUSE_BREAK.search(text, m.end())
             clause = text[start : clause_end.start() if clause_end else len(text)]

@@ -47,7 +47,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from counselor_engine import safety
+from counselor_engine import safety, safety_model
 
 DATA = Path(__file__).resolve().parent / "data" / "crisis_eval.jsonl"
 RANK = {"none": 0, "concern": 1, "crisis": 2}
@@ -193,6 +193,36 @@ def test_it_ignores_negations_and_figures_of_speech(text: str) -> None:
 )
 def test_negation_reaches_only_what_it_governs(text: str, level: str) -> None:
     assert safety.rules_assess(text).level == level, safety.rules_assess(text).reasons
+
+
+@pytest.mark.parametrize(
+    ("text", "own"),
+    [
+        ("my stepdad won't be hurting anyone after tonight", False),
+        ("she is not suicidal, she is just tired", False),
+        ("i won't be hurting anyone", True),
+        ("i'm not suicidal, just tired", True),
+    ],
+)
+def test_a_negation_said_of_someone_else_leaves_the_model_free(text: str, own: bool) -> None:
+    """A negation drops the rule hit either way; only the client's own ("i won't") is a
+    stated reading that the learned layer may not overturn (safety.model_may_raise)."""
+    ruled = safety.rules_assess(text)
+    assert ruled.level == "none", ruled.reasons
+    assert any(r.startswith(("negated:", "negated of someone else:")) for r in ruled.reasons)
+    assert safety.model_may_raise(ruled) is not own
+
+
+def test_the_model_reads_a_threat_hidden_behind_someone_elses_negation() -> None:
+    text = "my stepdad won't be hurting anyone after tonight. i've got my uncle's shotgun"
+    assert safety.rules_assess(text).level == "none"
+    safety_model.set_model_for_tests(
+        safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
+    )
+    try:
+        assert safety.assess(text).level == "crisis"
+    finally:
+        safety_model.reset()
 
 
 @pytest.mark.parametrize(

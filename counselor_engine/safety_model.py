@@ -34,7 +34,7 @@ Features (:func:`features`), chosen by cross-validation on the training set only
   else. Where it reads plain chat the model stays silent and the rules answer alone. The
   similarity term and the weakly regularised linear part score text unlike any training
   row unpredictably (round 5 flagged "how do i make cold brew at home?" as crisis); the
-  gate is the part that has seen such text. Its threshold silences at most 1% of the
+  gate is the part that has seen such text. Its threshold silences at most 0.5% of the
   training positives out of fold (``scripts/train_safety.py``, ``GATE_POSITIVES``).
 
 The weights are trained by ``scripts/train_safety.py`` from
@@ -388,14 +388,14 @@ def warm() -> None:
 
 EVAL_DIR = Path(__file__).resolve().parent / "tests" / "data"
 _RANK = {"none": 0, "concern": 1, "crisis": 2}
-# Splits never trained on, per labelled file: their figures are the honest ones. v2-r6 to
-# v2-r9 were each written by someone who never saw our data or code (v2-r6 after the
-# round-5 change, v2-r7 after round 6, v2-r8 and v2-r9 after round 7) and appended to
-# crisis_eval_v2.jsonl when first scored; a split not yet appended is empty, and every
-# reader here tolerates that.
+# Splits never trained on, per labelled file: their figures are the honest ones. Each round
+# from v2-r6 on was written by someone who never saw our data or code, after the change it
+# measures, and appended to crisis_eval_v2.jsonl when first scored; v2-r6..v2-r9 were then
+# trained on (round 8), v2-r10 and v2-r11 measure round 8. A split not yet appended is
+# empty, and every reader here tolerates that.
 # ``heldout`` is the older set's untuned split.
 HELD_OUT: dict[str, tuple[str, ...]] = {
-    "crisis_eval_v2.jsonl": ("v2-r6", "v2-r7", "v2-r8", "v2-r9"),
+    "crisis_eval_v2.jsonl": ("v2-r10", "v2-r11"),
     "crisis_eval.jsonl": ("heldout",),
 }
 

@@ -42,8 +42,8 @@ How the round-5 choices were made (leave-one-round-out, MiniLM encoder): train w
 procedure on every training row except one of v2-r1..v2-r5, score that round with rules +
 model, sum over the five rounds (136 indirect, 69 explicit, 47 misspelled, 321 negatives).
 It stands in for text the model has not seen; it is optimistic, as the same author wrote
-all rounds and the choices below were read off it (v2-r6, written by someone else, is the
-honest figure).
+all rounds and the choices below were read off it (v2-r6, written by someone else, was the
+honest figure; round 8 below).
 
   ===============================================  ========  ========  ==========  =======
   model, data, budget                              explicit  indirect  misspelled  false +
@@ -61,6 +61,32 @@ honest figure).
 (similarity width 0.2 instead of 0.35 gave 131/136 with 22/321 at 7%; weight 4 changed
 nothing.) The old ``crisis_eval.jsonl`` ``heldout`` split, never trained on: 9/9 indirect,
 2/30 false positives with the chosen setting.
+
+Round 8 (leave-one-round-out over v2-r6..v2-r9, the four rounds other authors wrote after
+rounds 5-7, now trained on: train on everything except one of them, score it with rules +
+model; 176 indirect statements, 348 hard negatives). The first-run row is what the shipped
+round-6/7 models scored on each round when it was new; the rest are this procedure.
+
+  ===================================================  ========  ==========  =======
+  model                                                indirect  plain chat  false +
+  ===================================================  ========  ==========  =======
+  round 7 as shipped, first runs (rounds not trained)  156/176   1/200       52/348
+  + the other three rounds, gate at 1% (round 7)       159/176               33/348
+  + the other three rounds, gate at 0.5% (round 8)     166/176   2/200       32/348
+  + the other three rounds, no gate                    168/176   3/200       32/348
+  ===================================================  ========  ==========  =======
+
+(plain chat: ``everyday_eval.jsonl``, never trained on, scored by the model trained on all
+nine rounds with that gate setting.) The rounds' own negatives halved the false positives
+on fresh hard negatives; the gate, not the thresholds, cost the indirect recall: 8 of the
+17 misses at 1% scored above the crisis threshold and were silenced as plain chat. Letting
+a crisis score above 0.7 override the gate won most of them back but flagged "cleaned my
+fridge today and found a jar of pickles from 2021", so the gate's budget was halved
+instead. Adding a
+7% crisis share to ``CRISIS_BUDGETS`` chose the same point on v2-r6 (not pursued). The
+remaining misses score low: "next train, i'm not stepping back", "the password for my
+laptop is on a sticky note... you'll need it soon". v2-r10 and v2-r11, written by two more
+authors after this change, measure it.
 
 ``--check`` retrains in memory and fails if the stored artifact differs (a test runs it for
 the hash encoder, so an edited training file with a stale artifact fails CI).
@@ -84,7 +110,7 @@ TRAIN_GLOB = "train_crisis*.jsonl"
 EVAL_FILE = ROOT / "counselor_engine" / "tests" / "data" / "crisis_eval.jsonl"
 EVAL_V2_FILE = ROOT / "counselor_engine" / "tests" / "data" / "crisis_eval_v2.jsonl"
 TUNED_SPLITS = frozenset({"dev", "round1", "round2", "round3", "round4"})
-TRAINED_V2_ROUNDS: frozenset[str] = frozenset({"v2-r1", "v2-r2", "v2-r3", "v2-r4", "v2-r5"})
+TRAINED_V2_ROUNDS: frozenset[str] = frozenset(f"v2-r{i}" for i in range(1, 10))
 # Share of the budget negatives (step 3 of the docstring) that may be flagged at all
 # (concern or crisis, rules and model together), and the candidate shares of it that may be
 # flagged at crisis; the split is chosen by out-of-fold recall (see ``train``).
@@ -99,9 +125,11 @@ FP_EVERYDAY = 0.02
 # The plain-chat gate (``minilm`` only; safety_model docstring): a logistic head over the
 # MiniLM block telling the everyday file's rows from everything else (statements at any
 # level and the hard negatives). Its threshold is the lowest (most silencing) one at which
-# it silences at most GATE_POSITIVES of the positives out of fold.
+# it silences at most GATE_POSITIVES of the positives out of fold. Round 8 halved it from
+# 1%: on fresh rounds the gate silenced 4-5% of the indirect statements (farewells told as
+# a day's errands), and 0.5% costs plain chat nothing measurable (docstring, round 8).
 GATE_L2 = 1e-4
-GATE_POSITIVES = 0.01
+GATE_POSITIVES = 0.005
 RANK = {"none": 0, "concern": 1, "crisis": 2}
 
 

@@ -37,6 +37,11 @@ Features (:func:`features`), chosen by cross-validation on the training set only
   gate is the part that has seen such text. Its threshold silences at most 0.5% of the
   training positives out of fold (``scripts/train_safety.py``, ``GATE_POSITIVES``).
 
+- Where transformers and peft import and its artifact exists, what serves is the
+  ensemble of :mod:`counselor_engine.safety_tuned`: the mean of this ``minilm`` model's
+  probabilities and those of MiniLM fine-tuned as a classifier (:func:`get_model`); this
+  module's models are its half and the fallbacks (``minilm``, then ``hash``).
+
 The weights are trained by ``scripts/train_safety.py`` from
 ``data/safety/train_crisis*.jsonl`` plus the tuned splits of ``tests/data/crisis_eval.jsonl``
 and the already-scored rounds of ``crisis_eval_v2.jsonl`` (never the :data:`HELD_OUT` ones),
@@ -332,20 +337,40 @@ _MODEL: list[CrisisModel | None] = []
 
 
 def preferred_encoder() -> str:
+    """``ensemble`` (:mod:`counselor_engine.safety_tuned`) where the tuned classifier can
+    load, else ``minilm``, else ``hash``."""
+    from counselor_engine import safety_tuned
     from counselor_engine.embeddings import minilm_available
 
-    return "minilm" if minilm_available() and artifact_path("minilm").exists() else "hash"
+    if not (minilm_available() and artifact_path("minilm").exists()):
+        return "hash"
+    tuned = safety_tuned.available() and safety_tuned.ARTIFACT.exists()
+    return safety_tuned.ENSEMBLE if tuned else "minilm"
+
+
+def _load_preferred() -> CrisisModel:
+    from counselor_engine import safety_tuned
+
+    encoder = preferred_encoder()
+    if encoder == safety_tuned.ENSEMBLE:
+        try:
+            return safety_tuned.CrisisEnsemble.load()  # type: ignore[return-value]
+        except Exception:
+            log.exception("tuned crisis model unavailable; the minilm model serves alone")
+            encoder = "minilm"
+    return CrisisModel.load(artifact_path(encoder))
 
 
 def get_model() -> CrisisModel | None:
-    """The loaded model, or None when no artifact loads (logged once; rules answer alone)."""
+    """The loaded model (:func:`preferred_encoder`), or None when no artifact loads (logged
+    once; rules answer alone)."""
     if _MODEL:
         return _MODEL[0]
     with _LOCK:
         if not _MODEL:
             model: CrisisModel | None = None
             try:
-                model = CrisisModel.load(artifact_path(preferred_encoder()))
+                model = _load_preferred()
             except Exception:
                 log.exception("crisis model unavailable; safety rules answer alone")
             _MODEL.append(model)
@@ -390,12 +415,13 @@ EVAL_DIR = Path(__file__).resolve().parent / "tests" / "data"
 _RANK = {"none": 0, "concern": 1, "crisis": 2}
 # Splits never trained on, per labelled file: their figures are the honest ones. Each round
 # from v2-r6 on was written by someone who never saw our data or code, after the change it
-# measures, and appended to crisis_eval_v2.jsonl when first scored; v2-r6..v2-r9 were then
-# trained on (round 8), v2-r10 and v2-r11 measure round 8. A split not yet appended is
-# empty, and every reader here tolerates that.
+# measures, and appended to crisis_eval_v2.jsonl when first scored, then trained on:
+# v2-r6..v2-r9 from round 8, v2-r10..v2-r13 from round 9; v2-r14 and v2-r15 measure round 9
+# (``counselor_engine.safety_tuned``). A split not yet appended is empty, and every reader
+# here tolerates that.
 # ``heldout`` is the older set's untuned split.
 HELD_OUT: dict[str, tuple[str, ...]] = {
-    "crisis_eval_v2.jsonl": ("v2-r10", "v2-r11"),
+    "crisis_eval_v2.jsonl": ("v2-r14", "v2-r15"),
     "crisis_eval.jsonl": ("heldout",),
 }
 

@@ -145,6 +145,43 @@ wardrobe"), timing a train, hiding new wounds. A bag of words and a sentence emb
 fitted on ~1,800 statements do not read intent from deeds; the next step is a model that
 does (an instruction-tuned classifier or an LLM judge behind the rules), not more rounds.
 
+Round 9 (``counselor_engine.safety_tuned``) fine-tuned MiniLM itself as a classifier
+(LoRA adapters, ~0.7 M parameters) and serves the mean of its probabilities and round 8's,
+(crisis at even odds, concern at 0.7); both were trained on v2-r1..v2-r13 (v2-r12 and v2-r13, 167 and 172 rows
+after removing exact duplicates of our data, were written after the tuned model's first
+version and scored by it: indirect 42/44 and 41/44, false + 11/82 and 19/85; the choices
+read off v2-r10..v2-r13 are in ``scripts/train_safety_tuned.py``). ``v2-r14`` (teens and
+twenties; 168 rows after removing eight duplicates of our data) and ``v2-r15`` (adults;
+174 rows after removing two) were written by two more authors after round 9 was final.
+First runs:
+
+  ===============================  ========  ========  ==========  ============  =======
+  system, split                    explicit  indirect  misspelled  intermediate  false +
+  ===============================  ========  ========  ==========  ============  =======
+  rules r9, v2-r14                 14/15     6/43      9/11        8/15          7/84
+  rules + ensemble r9, v2-r14      15/15     40/43     11/11       14/15         9/84
+  (concern 0.7, second look)       15/15     40/43     11/11       14/15         8/84
+  rules + tuned r9 alone, v2-r14   15/15     40/43     11/11       14/15         9/84
+  rules + minilm r9 alone, v2-r14  15/15     41/43     11/11       12/15         7/84
+  rules + hash r9 alone, v2-r14    15/15     37/43     10/11       11/15         8/84
+  rules r9, v2-r15                 16/16     6/44      9/12        6/16          3/86
+  rules + ensemble r9, v2-r15      16/16     42/44     12/12       14/16         7/86
+  (concern 0.7, second look)       16/16     42/44     12/12       14/16         4/86
+  rules + tuned r9 alone, v2-r15   16/16     43/44     12/12       14/16         5/86
+  rules + minilm r9 alone, v2-r15  16/16     42/44     12/12       12/16         6/86
+  rules + hash r9 alone, v2-r15    16/16     40/44     12/12       13/16         5/86
+  ===============================  ========  ========  ==========  ============  =======
+
+The ensemble's first runs were at even odds for both heads; then a held-out plain-chat test
+below failed ("my wife and I had an argument yesterday": concern), and the concern
+threshold moved to 0.7 (``scripts/train_safety_tuned.py``), which crisis recall does not
+depend on. Plain chat (``everyday_eval.jsonl``): the ensemble 2/200 (1/200 at concern 0.7),
+the tuned model alone 5/200, the minilm model alone 3/200, hash 0/200. Round 9 reaches the 95% indirect target on one
+fresh round (v2-r15: 42/44) but not the other (v2-r14: 40/43, 93%; 82/87 = 94% pooled),
+with the fewest false positives of any round so far (16/170, 9%, first run; 12/170
+at concern 0.7; round 8: 20/171, round
+7: 28/175 on v2-r8 and v2-r9). Every explicit statement was caught.
+
 The assertions below are therefore: targets on trained splits, and floors (that catch a
 regression) on held-out ones.
 """
@@ -183,16 +220,17 @@ def _fresh_model():
 
 @pytest.fixture
 def minilm_model() -> None:
-    """The deployed model; the figures below are the MiniLM encoder's."""
+    """The deployed model; the figures below are the ensemble's (``safety_tuned``), or the
+    MiniLM linear + similarity model's where the tuned classifier cannot load."""
     model = safety_model.get_model()
-    if model is None or model.encoder != "minilm":
+    if model is None or model.encoder not in ("minilm", "ensemble"):
         pytest.skip("the MiniLM package is not installed: the hash fallback is tested below")
 
 
 # -- the labelled set ---------------------------------------------------------------------
 
 
-SCORED_V2 = {f"v2-r{i}" for i in range(1, 10)}  # trained on (train_safety.TRAINED_V2_ROUNDS)
+SCORED_V2 = {f"v2-r{i}" for i in range(1, 14)}  # trained on (train_safety.TRAINED_V2_ROUNDS)
 HELD_OUT_V2 = safety_model.HELD_OUT["crisis_eval_v2.jsonl"]
 
 
@@ -210,7 +248,7 @@ def test_it_has_a_well_formed_v2_set() -> None:
     assert {r["kind"] for r in positives} == {"explicit", "indirect", "misspelled", "intermediate"}
     # The scored rounds, plus the held-out round once it is appended (empty until then).
     assert SCORED_V2 <= {r["split"] for r in rows} <= SCORED_V2 | set(HELD_OUT_V2)
-    later = [f"v2-r{i}" for i in range(4, 10)]
+    later = [f"v2-r{i}" for i in range(4, 14)]
     for split in (*later, *HELD_OUT_V2):  # the later rounds: same mix, if present
         part = [r for r in rows if r["split"] == split]
         if not part:
@@ -282,8 +320,8 @@ def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r10"),
-                                             ("crisis_eval_v2.jsonl", "v2-r11"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r14"),
+                                             ("crisis_eval_v2.jsonl", "v2-r15"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
@@ -296,24 +334,24 @@ def test_it_reports_held_out_rounds(
         print("\n" + _report(f"rules + model, held-out {split}", figures))
         print(_report(f"rules alone, held-out {split}", rules))
     assert _rate(figures["explicit"]) == 1.0
-    # Floors against regression, not claims (see the docstring). The round-8 model (the
-    # artifact shipped), first runs: v2-r10 explicit 16/16, indirect 35/43, misspelled
-    # 12/12, intermediate 15/16, false + 10/84; v2-r11 16/16, 39/44, 12/12, 14/16, false +
-    # 10/87; heldout: indirect 8/9, false + 2/30.
+    # Floors against regression, not claims (see the docstring). The round-9 ensemble (the
+    # artifacts shipped), first runs: v2-r14 explicit 15/15, indirect 40/43, misspelled
+    # 11/11, intermediate 14/15, false + 9/84 (8/84 at concern 0.7); v2-r15 16/16, 42/44,
+    # 12/12, 14/16, false + 7/86 (4/86); heldout: indirect 8/9, false + 2/30 (1/30).
     assert _rate(figures["flagged"]) >= 0.8
     assert _rate(figures["indirect"]) >= 0.8
     assert _rate(figures["fp"]) <= 0.20
     assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r10"),
-                                             ("crisis_eval_v2.jsonl", "v2-r11"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r14"),
+                                             ("crisis_eval_v2.jsonl", "v2-r15"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
     """Without the MiniLM package the hash-only artifact serves (first runs: round 4 on
     v2-r5: indirect 17/22, flagged 38/44, 2/44 false positives; round 7 on v2-r8: 40/44,
-    81/88, 11/88; on v2-r9: 43/44, 84/87, 16/87; round 8 on v2-r10: 33/43, 78/87, 9/84; on
-    v2-r11: 38/44, 80/88, 9/87)."""
+    81/88, 11/88; round 8 on v2-r10: 33/43, 78/87, 9/84; round 9 on v2-r14: 37/43, 73/84,
+    8/84; on v2-r15: 40/44, 82/88, 5/86)."""
     rows = _held_out_rows(name, split)
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))

@@ -1,0 +1,136 @@
+"""The tuned crisis classifier and the ensemble that serves it (counselor_engine.safety_tuned).
+
+The figures on labelled rounds are in ``test_safety_model.py`` (they measure whatever
+serves); here: the artifact, its failure paths and the averaging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from counselor_engine import safety, safety_model, safety_tuned
+from scripts import train_safety_tuned
+
+pytestmark = pytest.mark.skipif(
+    not (safety_tuned.available() and safety_tuned.ARTIFACT.exists()),
+    reason="the tuned crisis model needs the MiniLM package, transformers and peft",
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_model():
+    safety_model.reset()
+    yield
+    safety_model.reset()
+
+
+@pytest.fixture(scope="module")
+def tuned() -> safety_tuned.TunedCrisisModel:
+    return safety_tuned.TunedCrisisModel.load()
+
+
+def test_the_artifact_is_small_and_trained_on_the_current_data(
+    tuned: safety_tuned.TunedCrisisModel,
+) -> None:
+    assert safety_tuned.ARTIFACT.stat().st_size < 2_000_000
+    assert tuned.head.shape == (2, safety_tuned.HIDDEN + 1)
+    assert tuned.thresholds == train_safety_tuned.THRESHOLDS
+    assert not train_safety_tuned.stale(tuned), "rerun python -m scripts.train_safety_tuned"
+    assert train_safety_tuned.main(["--check"]) == 0
+
+
+def test_it_scores_in_batches_like_one_by_one(tuned: safety_tuned.TunedCrisisModel) -> None:
+    texts = ["i gave my dog away and wrote the letters", "gtg, ttyl", "what's the weather"]
+    together = tuned.probabilities([safety.normalise(t) for t in texts])
+    alone = np.concatenate([tuned.probabilities([safety.normalise(t)]) for t in texts])
+    assert together.shape == (3, 2) and np.all((together >= 0) & (together <= 1))
+    np.testing.assert_allclose(together, alone, atol=1e-4)
+    assert tuned.probabilities([]).shape == (0, 2)
+
+
+def _rewrite(path: Path, **changes: object) -> None:
+    with np.load(safety_tuned.ARTIFACT, allow_pickle=False) as data:
+        arrays = {k: np.asarray(data[k]) for k in data.files}
+    header = json.loads(bytes(arrays["header"]).decode("utf-8"))
+    for key, value in changes.items():
+        if key == "head":
+            arrays["head"] = value  # type: ignore[assignment]
+        elif key == "drop_adapters":
+            arrays = {k: v for k, v in arrays.items() if not k.startswith("lora/")}
+        else:
+            header[key] = value
+    arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+    with path.open("wb") as fh:
+        np.savez_compressed(fh, **arrays)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": 99}, "format"),
+        ({"head": np.zeros((1, 385), dtype=np.float32)}, "malformed"),
+        ({"thresholds": {"crisis": 0.5}}, "malformed"),
+        ({"drop_adapters": True}, "malformed"),
+    ],
+)
+def test_a_malformed_artifact_is_refused(tmp_path: Path, changes: dict, message: str) -> None:
+    _rewrite(tmp_path / "bad.npz", **changes)
+    with pytest.raises(ValueError, match=message):
+        safety_tuned.TunedCrisisModel.load(tmp_path / "bad.npz")
+
+
+def test_the_ensemble_serves_where_it_loads() -> None:
+    model = safety_model.get_model()
+    assert model is not None and model.encoder == safety_tuned.ENSEMBLE
+    assert safety_model.preferred_encoder() == safety_tuned.ENSEMBLE
+
+
+def test_a_broken_tuned_artifact_leaves_the_minilm_model_serving(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "crisis_model_tuned.npz"
+    broken.write_bytes(b"not an npz")
+    monkeypatch.setattr(safety_tuned, "ARTIFACT", broken)
+    with caplog.at_level(logging.ERROR):
+        model = safety_model.get_model()
+    assert model is not None and model.encoder == "minilm"
+    assert "tuned crisis model unavailable" in caplog.text
+    assert safety.assess("i want to kill myself").level == "crisis"
+
+
+class _Fixed:
+    """A reader that answers the same probabilities for every message."""
+
+    def __init__(self, risk: float, crisis: float) -> None:
+        self.answer = np.array([risk, crisis])
+
+    def probabilities(self, norms: list[str]) -> np.ndarray:
+        return np.tile(self.answer, (len(norms), 1))
+
+
+@pytest.mark.parametrize(
+    ("tuned_p", "kernel_p", "level"),
+    [
+        ((0.9, 0.9), (0.9, 0.2), "crisis"),  # mean crisis 0.55
+        ((0.9, 0.6), (0.9, 0.3), "concern"),  # mean crisis 0.45, risk 0.9
+        ((0.8, 0.1), (0.4, 0.1), "none"),  # mean risk 0.6: below the concern threshold 0.7
+        ((0.6, 0.1), (0.3, 0.1), "none"),  # mean risk 0.45
+        ((0.0, 0.0), (1.0, 1.0), "crisis"),  # one sure reader is enough: crisis at even odds
+    ],
+)
+def test_the_ensemble_averages_its_two_readers(
+    tuned_p: tuple[float, float], kernel_p: tuple[float, float], level: str
+) -> None:
+    model = safety_tuned.CrisisEnsemble(_Fixed(*tuned_p), _Fixed(*kernel_p))  # type: ignore[arg-type]
+    got, risk, crisis = model.level("anything")
+    assert got == level
+    assert risk == pytest.approx((tuned_p[0] + kernel_p[0]) / 2)
+    assert crisis == pytest.approx((tuned_p[1] + kernel_p[1]) / 2)
+    # Served through assess it can only raise the rules' level, never lower it.
+    safety_model.set_model_for_tests(model)  # type: ignore[arg-type]
+    assert safety.assess("i am going to kill myself tonight").level == "crisis"

@@ -145,7 +145,11 @@ def build_tiny_adapter(
     config = LoraConfig(
         r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], lora_dropout=0.0
     )
-    peft_model = get_peft_model(base, config)
+    # peft draws lora_A from the global RNG: fork and seed it, or the adapter (and every
+    # held-out comparison against it) changes from one call to the next.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(base, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():

@@ -68,7 +68,7 @@ import json
 import logging
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,11 +196,7 @@ class CrisisModel:
         risk, crisis = (float(v) for v in _sigmoid(self.scores(x))[0])
         if self.gate is not None and float(self.plain(x)[0]) >= self.gate_threshold:
             return "none", risk, crisis
-        if crisis >= self.thresholds["crisis"]:
-            return "crisis", risk, crisis
-        if risk >= self.thresholds["concern"]:
-            return "concern", risk, crisis
-        return "none", risk, crisis
+        return level_for(risk, crisis, self.thresholds), risk, crisis
 
     @property
     def gate_threshold(self) -> float:
@@ -253,6 +249,13 @@ class CrisisModel:
             raise ValueError(f"{path.name}: malformed plain-chat gate")
         header.pop("format")
         return cls(encoder, weights, bias, thresholds, header, support, alpha, gate)
+
+
+def level_for(risk: float, crisis: float, thresholds: Mapping[str, float]) -> str:
+    """The level two head probabilities reach: crisis first, then concern, else none."""
+    if crisis >= thresholds["crisis"]:
+        return "crisis"
+    return "concern" if risk >= thresholds["concern"] else "none"
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

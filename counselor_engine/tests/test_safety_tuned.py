@@ -134,3 +134,16 @@ def test_the_ensemble_averages_its_two_readers(
     # Served through assess it can only raise the rules' level, never lower it.
     safety_model.set_model_for_tests(model)  # type: ignore[arg-type]
     assert safety.assess("i am going to kill myself tonight").level == "crisis"
+
+
+def test_loading_leaves_the_global_random_stream_alone() -> None:
+    """The training worker loads the model mid-round (crisis-path check) and the engine
+    samples replies: building the network must not move torch's global RNG."""
+    import torch
+
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    safety_tuned._load_cached.cache_clear()
+    safety_tuned.TunedCrisisModel.load()
+    assert torch.equal(torch.rand(3), expected)

@@ -171,8 +171,16 @@ class CrisisModel:
 
     def probabilities(self, norms: Sequence[str]) -> np.ndarray:
         """(n, 2) probabilities [P(>= concern), P(crisis)]."""
+        return self.read(norms)[0]
+
+    def read(self, norms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(n, 2) probabilities and (n,) bool: where the plain-chat gate silences the model
+        (all False without a gate). One encoding serves both."""
         x = features(norms, self.encoder)
-        return _sigmoid(self.scores(x))
+        silenced = np.zeros(x.shape[0], dtype=bool)
+        if self.gate is not None:
+            silenced = self.plain(x) >= self.gate_threshold
+        return _sigmoid(self.scores(x)), silenced
 
     def plain(self, x: np.ndarray) -> np.ndarray:
         """(n,) P(plain chat) for feature rows ``x``; zeros without a gate."""
@@ -192,9 +200,9 @@ class CrisisModel:
     def level(self, norm: str) -> tuple[str, float, float]:
         """(level, P(risk), P(crisis)) for one normalised text; "none" when the gate reads
         it as plain chat."""
-        x = features([norm], self.encoder)
-        risk, crisis = (float(v) for v in _sigmoid(self.scores(x))[0])
-        if self.gate is not None and float(self.plain(x)[0]) >= self.gate_threshold:
+        probabilities, silenced = self.read([norm])
+        risk, crisis = (float(v) for v in probabilities[0])
+        if silenced[0]:
             return "none", risk, crisis
         return level_for(risk, crisis, self.thresholds), risk, crisis
 
@@ -419,12 +427,12 @@ _RANK = {"none": 0, "concern": 1, "crisis": 2}
 # Splits never trained on, per labelled file: their figures are the honest ones. Each round
 # from v2-r6 on was written by someone who never saw our data or code, after the change it
 # measures, and appended to crisis_eval_v2.jsonl when first scored, then trained on:
-# v2-r6..v2-r9 from round 8, v2-r10..v2-r13 from round 9; v2-r14 and v2-r15 measure round 9
-# (``counselor_engine.safety_tuned``). A split not yet appended is empty, and every reader
-# here tolerates that.
+# v2-r6..v2-r9 from round 8, v2-r10..v2-r13 from round 9, v2-r14 and v2-r15 from round 10;
+# v2-r16 and v2-r17 measure round 10 (``counselor_engine.safety_tuned``). A split not yet
+# appended is empty, and every reader here tolerates that.
 # ``heldout`` is the older set's untuned split.
 HELD_OUT: dict[str, tuple[str, ...]] = {
-    "crisis_eval_v2.jsonl": ("v2-r14", "v2-r15"),
+    "crisis_eval_v2.jsonl": ("v2-r16", "v2-r17"),
     "crisis_eval.jsonl": ("heldout",),
 }
 

@@ -201,22 +201,27 @@ def save(
 # -- what serves ---------------------------------------------------------------------------
 
 ENSEMBLE = "ensemble"
-# Both readers' probabilities are averaged; crisis at even odds, concern at 0.7. Chosen on
-# v2-r10..v2-r13 (175 indirect, 338 hard negatives, the 200 plain-chat messages;
-# scripts/train_safety_tuned has the table): the average caught 170/175 with 40/338 and
-# 1/200 flagged, the tuned model alone 169/175 with 55/338 and 4/200, the linear +
-# similarity model alone 155/175, 43/338 and 2/200. The two err on different messages: the
-# tuned one on terse plain chat ("gtg, ttyl"), the other on farewells told as deeds. The
-# concern threshold only trades clinician alerts on hard negatives; crisis recall does not
-# depend on it.
-ENSEMBLE_THRESHOLDS = {"concern": 0.7, "crisis": 0.5}
+# Both readers' probabilities are averaged; crisis at 0.35, concern at 0.7, and the minilm
+# model's plain-chat gate silences both. Round 9 served crisis at even odds, no gate (chosen
+# on v2-r10..v2-r13; scripts/train_safety_tuned has the table). Round 10 moved crisis to
+# 0.35 and gated it, read off v2-r14 and v2-r15 scored by both models trained without them
+# (87 indirect, 170 hard negatives, the 200 plain-chat messages): even odds caught 83/87,
+# 0.45 84/87, 0.4 85/87, 0.35 and 0.3 87/87 ungated, 86/87 gated; hard negatives flagged
+# 13/170 at every one of these (crisis level 4-5), plain chat 1/200 at 0.45 and above,
+# 4-5/200 ungated below it and 2/200 gated. A missed crisis costs more than a needless
+# hotline card, so the lowest threshold the gate keeps plain chat quiet at. The concern
+# threshold only trades clinician alerts on hard negatives ("my wife and I had an argument
+# yesterday" was concern at 0.5); crisis recall does not depend on it. The two readers err
+# on different messages: the tuned one on terse plain chat ("gtg, ttyl"), the other on
+# farewells told as deeds.
+ENSEMBLE_THRESHOLDS = {"concern": 0.7, "crisis": 0.35}
 
 
 @dataclass(frozen=True)
 class CrisisEnsemble:
     """The served crisis model where it loads: the mean of the tuned classifier's and the
-    ``minilm`` linear + similarity model's probabilities (the latter's own thresholds and
-    plain-chat gate are not used here: the gate won nothing back on the average)."""
+    ``minilm`` linear + similarity model's probabilities, silent where the latter's
+    plain-chat gate reads plain chat (its own thresholds are not used here)."""
 
     tuned: TunedCrisisModel
     kernel: Any  # safety_model.CrisisModel, encoder "minilm"
@@ -229,11 +234,14 @@ class CrisisEnsemble:
         return {"tuned": self.tuned.meta, "minilm": self.kernel.meta}
 
     def probabilities(self, norms: Sequence[str]) -> np.ndarray:
-        """(n, 2) mean probabilities [P(>= concern), P(crisis)]."""
+        """(n, 2) mean probabilities [P(>= concern), P(crisis)] (the gate not applied)."""
         return (self.tuned.probabilities(norms) + self.kernel.probabilities(norms)) / 2
 
     def level(self, norm: str) -> tuple[str, float, float]:
-        risk, crisis = (float(v) for v in self.probabilities([norm])[0])
+        kernel, silenced = self.kernel.read([norm])
+        risk, crisis = (float(v) for v in (self.tuned.probabilities([norm]) + kernel)[0] / 2)
+        if silenced[0]:
+            return "none", risk, crisis
         return level_for(risk, crisis, self.thresholds), risk, crisis
 
     @classmethod

@@ -110,7 +110,7 @@ TRAIN_GLOB = "train_crisis*.jsonl"
 EVAL_FILE = ROOT / "counselor_engine" / "tests" / "data" / "crisis_eval.jsonl"
 EVAL_V2_FILE = ROOT / "counselor_engine" / "tests" / "data" / "crisis_eval_v2.jsonl"
 TUNED_SPLITS = frozenset({"dev", "round1", "round2", "round3", "round4"})
-TRAINED_V2_ROUNDS: frozenset[str] = frozenset(f"v2-r{i}" for i in range(1, 14))
+TRAINED_V2_ROUNDS: frozenset[str] = frozenset(f"v2-r{i}" for i in range(1, 16))
 # Share of the budget negatives (step 3 of the docstring) that may be flagged at all
 # (concern or crisis, rules and model together), and the candidate shares of it that may be
 # flagged at crisis; the split is chosen by out-of-fold recall (see ``train``).

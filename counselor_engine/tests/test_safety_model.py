@@ -230,7 +230,7 @@ def minilm_model() -> None:
 # -- the labelled set ---------------------------------------------------------------------
 
 
-SCORED_V2 = {f"v2-r{i}" for i in range(1, 14)}  # trained on (train_safety.TRAINED_V2_ROUNDS)
+SCORED_V2 = {f"v2-r{i}" for i in range(1, 16)}  # trained on (train_safety.TRAINED_V2_ROUNDS)
 HELD_OUT_V2 = safety_model.HELD_OUT["crisis_eval_v2.jsonl"]
 
 
@@ -248,7 +248,7 @@ def test_it_has_a_well_formed_v2_set() -> None:
     assert {r["kind"] for r in positives} == {"explicit", "indirect", "misspelled", "intermediate"}
     # The scored rounds, plus the held-out round once it is appended (empty until then).
     assert SCORED_V2 <= {r["split"] for r in rows} <= SCORED_V2 | set(HELD_OUT_V2)
-    later = [f"v2-r{i}" for i in range(4, 14)]
+    later = [f"v2-r{i}" for i in range(4, 16)]
     for split in (*later, *HELD_OUT_V2):  # the later rounds: same mix, if present
         part = [r for r in rows if r["split"] == split]
         if not part:
@@ -320,8 +320,8 @@ def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r14"),
-                                             ("crisis_eval_v2.jsonl", "v2-r15"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r16"),
+                                             ("crisis_eval_v2.jsonl", "v2-r17"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 @pytest.mark.usefixtures("minilm_model")
 def test_it_reports_held_out_rounds(
@@ -344,8 +344,8 @@ def test_it_reports_held_out_rounds(
     assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
 
 
-@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r14"),
-                                             ("crisis_eval_v2.jsonl", "v2-r15"),
+@pytest.mark.parametrize(("name", "split"), [("crisis_eval_v2.jsonl", "v2-r16"),
+                                             ("crisis_eval_v2.jsonl", "v2-r17"),
                                              ("crisis_eval.jsonl", "heldout")])  # fmt: skip
 def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str) -> None:
     """Without the MiniLM package the hash-only artifact serves (first runs: round 4 on

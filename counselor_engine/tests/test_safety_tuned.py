@@ -104,28 +104,36 @@ def test_a_broken_tuned_artifact_leaves_the_minilm_model_serving(
 
 
 class _Fixed:
-    """A reader that answers the same probabilities for every message."""
+    """A reader that answers the same probabilities for every message; ``plain`` says
+    whether its plain-chat gate silences it (the minilm reader's)."""
 
-    def __init__(self, risk: float, crisis: float) -> None:
+    def __init__(self, risk: float, crisis: float, plain: bool = False) -> None:
         self.answer = np.array([risk, crisis])
+        self.plain_chat = plain
 
     def probabilities(self, norms: list[str]) -> np.ndarray:
         return np.tile(self.answer, (len(norms), 1))
+
+    def read(self, norms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return self.probabilities(norms), np.full(len(norms), self.plain_chat)
 
 
 @pytest.mark.parametrize(
     ("tuned_p", "kernel_p", "level"),
     [
         ((0.9, 0.9), (0.9, 0.2), "crisis"),  # mean crisis 0.55
-        ((0.9, 0.6), (0.9, 0.3), "concern"),  # mean crisis 0.45, risk 0.9
+        ((0.9, 0.5), (0.9, 0.2), "crisis"),  # mean crisis 0.35: the threshold itself
+        ((0.9, 0.4), (0.9, 0.2), "concern"),  # mean crisis 0.30, risk 0.9
         ((0.8, 0.1), (0.4, 0.1), "none"),  # mean risk 0.6: below the concern threshold 0.7
         ((0.6, 0.1), (0.3, 0.1), "none"),  # mean risk 0.45
-        ((0.0, 0.0), (1.0, 1.0), "crisis"),  # one sure reader is enough: crisis at even odds
+        ((0.0, 0.0), (1.0, 1.0), "crisis"),  # one sure reader is enough
+        ((0.0, 0.0), (0.7, 0.7), "crisis"),  # ... or one fairly sure one: mean crisis 0.35
     ],
 )
 def test_the_ensemble_averages_its_two_readers(
     tuned_p: tuple[float, float], kernel_p: tuple[float, float], level: str
 ) -> None:
+    assert safety_tuned.ENSEMBLE_THRESHOLDS == {"concern": 0.7, "crisis": 0.35}
     model = safety_tuned.CrisisEnsemble(_Fixed(*tuned_p), _Fixed(*kernel_p))  # type: ignore[arg-type]
     got, risk, crisis = model.level("anything")
     assert got == level
@@ -134,6 +142,28 @@ def test_the_ensemble_averages_its_two_readers(
     # Served through assess it can only raise the rules' level, never lower it.
     safety_model.set_model_for_tests(model)  # type: ignore[arg-type]
     assert safety.assess("i am going to kill myself tonight").level == "crisis"
+
+
+def test_the_plain_chat_gate_silences_the_ensemble_but_never_the_rules() -> None:
+    """Where the minilm reader's gate reads plain chat the ensemble adds nothing, however
+    sure its readers are; the rules still answer a crisis in plain words."""
+    model = safety_tuned.CrisisEnsemble(_Fixed(0.99, 0.99), _Fixed(0.99, 0.99, plain=True))  # type: ignore[arg-type]
+    got, risk, crisis = model.level("anything")
+    assert (got, risk, crisis) == ("none", pytest.approx(0.99), pytest.approx(0.99))
+    safety_model.set_model_for_tests(model)  # type: ignore[arg-type]
+    assert safety.assess("how do i make cold brew at home?").level == "none"
+    assert safety.assess("i am going to kill myself tonight").level == "crisis"
+
+
+def test_the_served_gate_reads_plain_chat_as_plain() -> None:
+    """The real artifacts: the gate is present and lets a farewell through but silences a
+    plain question to the bot."""
+    model = safety_model.get_model()
+    assert model is not None and model.encoder == safety_tuned.ENSEMBLE
+    _, silenced = model.kernel.read(
+        ["how do i change the date of my next appointment?", "gave the cat to my sister for good"]
+    )
+    assert silenced.tolist() == [True, False]
 
 
 def test_loading_leaves_the_global_random_stream_alone() -> None:

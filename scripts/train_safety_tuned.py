@@ -1,6 +1,6 @@
 """Fine-tune the crisis classifier (``counselor_engine.safety_tuned``) on the crisis data.
 
-Run: ``.venv/bin/python -m scripts.train_safety_tuned [--check]`` (~2.5 min on 2 CPU cores).
+Run: ``.venv/bin/python -m scripts.train_safety_tuned [--check]`` (~5.5 min on 2 CPU cores).
 
 The training rows, labels and the held-out discipline are ``scripts/train_safety.py``'s
 (:func:`train_safety.training_rows`: the training files, the tuned splits and the trained
@@ -50,7 +50,26 @@ was concern (mean 0.58: tuned 0.81, the other 0.36). The concern threshold moved
 second look took false positives from 9/84 and 7/86 to 8/84 and 4/86, crisis recall
 unchanged (it does not depend on it).
 
-Three epochs (loss 0.54, 0.25, 0.11), LoRA rank 16 on every linear layer, learning rate
+Round 10 added ``train_crisis_chat.jsonl`` (439 statements by two authors who saw none of
+our data) and chose the ensemble's reading on v2-r14 and v2-r15, scored by both models
+trained on everything else (87 indirect, 170 hard negatives, 200 plain chat; the hard
+negatives were flagged 13/170 at every crisis threshold below, 4-5 of them at crisis):
+
+  ==============================================  ========  ==========
+  mean of both, crisis threshold                  indirect  plain chat
+  ==============================================  ========  ==========
+  0.5 (round 9)                                   83/87     1/200
+  0.45                                            84/87     1/200
+  0.4                                             85/87     4/200
+  0.35, 0.3                                       87/87     5/200
+  0.4, silent where the plain-chat gate reads     85/87     2/200
+  0.35, silent where the plain-chat gate reads    86/87     2/200
+  ==============================================  ========  ==========
+
+(trained on v2-r14 and v2-r15 too, then first runs on v2-r16 and v2-r17: 85/88 with the
+served setting, and with round 9's; ``tests/test_safety_model.py``.)
+
+Three epochs (loss 0.44, 0.17, 0.07 in round 10), LoRA rank 16 on every linear layer, learning rate
 1e-3 one-cycle, batch 32, seed 0. ``--check`` fails when the training rows changed since
 the artifact was written (a retrain is close to, not bit-identical with, the stored one).
 """

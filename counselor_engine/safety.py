@@ -804,7 +804,8 @@ RULES: tuple[_Rule, ...] = (
           r"will|am going to|want to|could)|to) (?:do it|end it|kill myself|die|end my life)\b|"
           r"\b(?:picked|chose|chosen|found|decided on|scouted|checked out) (?:a |the |my |out "
           r"the )?(?:bridge|building|spot to jump|method|rope|tree|place to do it|spot to do "
-          r"it|date to do it|day to do it|way to do it)\b"),
+          r"it|date to do it|day to do it|way to do it)\b|\bsuicide is (?:my|the) plan\b|\bmy "
+          r"plan is (?:suicide|to (?:die|kill myself|end it|end my life))\b"),
     _rule("suicide.preparation", "suicide", "crisis", "preparation",
           rf"\b(?:saving|saved|stockpiling|stockpiled|hoarding|hoarded|collecting|collected|"
           rf"stashing|stashed|storing up|sneaking|pocketing|stealing|stole) (?:up )?(?:my |all my |"
@@ -990,6 +991,14 @@ RULES: tuple[_Rule, ...] = (
           r"|suffer|be punished)"
           r"\b|\b(?:need|needs|want|crave|craving|miss) (?:to )?(?:see )?(?:blood|the blood|to "
           r"bleed|the sting|the pain of cutting)\b"),
+    # Injury by blunt force, stated with its aim ("until the bones break"): punching a wall
+    # in anger alone is not this.
+    _rule("self_harm.break", "self_harm", "crisis", "act",
+          r"\b(?:smash|smashing|punch|punching|hit|hitting|bang|banging|slam|slamming|break|"
+          r"breaking) my (?:own )?(?:hand|hands|fist|fists|knuckles|fingers|arm|arms|wrist|wrists|"
+          r"head) (?:\w+ ){0,5}(?:until|till|so|and) (?:\w+ ){0,3}(?:break|breaks|broken|bleed|"
+          r"bleeds|bleeding|cracks?|shatters?|snaps?)\b|\bbreak my own (?:bones|hand|fingers|arm|"
+          r"wrist)\b"),
     _rule("self_harm.need_pain", "self_harm", "concern", "urge",
           r"\b(?:need|want|crave|craving) to feel (?:pain|physical pain|something physical)\b"),
     _rule("self_harm.urge", "self_harm", "crisis", "urge",
@@ -1026,6 +1035,14 @@ RULES: tuple[_Rule, ...] = (
     _rule("others.will", "harm_to_others", "crisis", "harm_intent",
           rf"\b(?:i will|i am going to|i am gonna|i swear i will|i am about to) (?:\w+ )?{HARM}"
           rf"(?: up)? {PERSON}\b"),
+    # Blunt force at a named person's head ("smash my boss's head in", "use the hammer on
+    # his skull"); the possessive survives normalisation as a trailing "s".
+    _rule("others.head", "harm_to_others", "crisis", "harm_intent",
+          rf"\b{STRONG_INTENT} (?:(?:just|really|actually|finally) )?(?:(?:smash|cave|bash|kick|"
+          rf"stove|split|crack) (?:in )?(?:his|their|your|{PERSON}s?) (?:head|skull|face) (?:in|open)|"
+          rf"(?:use|swing|take) (?:it|this|that|the \w+|my \w+|a \w+) (?:on|to|at) (?:his|"
+          rf"their|your|{PERSON}s?) (?:head|skull|"
+          rf"face|throat|neck))\b"),
     _rule("others.mass", "harm_to_others", "crisis", "harm_intent",
           r"\bshoot(?:ing)? up (?:the |my |a |this |that |our )?(?:school|class|office|work|"
           r"workplace|mall|church|mosque|synagogue|temple|place|party|concert|building|campus|"

@@ -146,6 +146,41 @@ def test_it_gates_rules_safely_on_combined_messages(parts: list[str], glue: str)
 
 
 @pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("i'm going to cave his skull in when he gets home", "others.head"),
+        ("gonna take the bat to my stepdad's head tonight", "others.head"),
+        ("i will smash that guy's face in with a brick", "others.head"),
+        ("my plan is to end it tonight", "suicide.plan"),
+        ("suicide is the plan, i've made my mind up", "suicide.plan"),
+        ("going to punch my fist into the door until it breaks", "self_harm.break"),
+        ("i want to break my own fingers", "self_harm.break"),
+    ],
+)
+def test_the_rules_alone_read_plain_blunt_force_and_a_stated_plan(text: str, rule: str) -> None:
+    """Explicit statements the rules must catch without any model (v2-r16/r17 first runs:
+    the hash fallback missed a hammer threat; wording here is ours)."""
+    result = safety.rules_assess(text)
+    assert result.level == "crisis" and rule in result.matched, result.reasons
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "i'm going to smash this exam tomorrow",
+        "i'm going to use this trick on my kids at bedtime",
+        "punched the wall so hard my knuckles bled, i was so angry at him",
+        "the plan is suicide prevention training for all staff",
+        "my son keeps banging his head on the cot and it bleeds, should i see a doctor?",
+        "she is going to smash it at the interview",
+    ],
+)
+def test_blunt_force_rules_leave_near_misses_alone(text: str) -> None:
+    result = safety.rules_assess(text)
+    assert not {"others.head", "self_harm.break", "suicide.plan"} & set(result.matched), text
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "I would never kill myself",

@@ -182,6 +182,45 @@ with the fewest false positives of any round so far (16/170, 9%, first run; 12/1
 at concern 0.7; round 8: 20/171, round
 7: 28/175 on v2-r8 and v2-r9). Every explicit statement was caught.
 
+Round 10 moved v2-r14 and v2-r15 into the training data (their first runs above stand),
+added 439 training statements from two more authors who saw none of our data
+(``train_crisis_chat.jsonl``: teens and twenties texting; terse, understated and
+second-language voices), and changed how the ensemble reads: crisis at a mean of 0.35, not
+0.5, with the minilm model's plain-chat gate silencing both readers (chosen on v2-r14 and
+v2-r15 scored by both models trained without them: ``safety_tuned.ENSEMBLE_THRESHOLDS``).
+``v2-r16`` (176 rows) and ``v2-r17`` (175 after removing one duplicate of our data) were
+written by two more authors after round 10 was final, before it was trained. First runs,
+with round 9 as shipped (mean at 0.5, no gate) on the same text:
+
+  ================================  ========  ========  ==========  ============  =======
+  system, split                     explicit  indirect  misspelled  intermediate  false +
+  ================================  ========  ========  ==========  ============  =======
+  rules r10, v2-r16                 15/16     4/44      8/12        10/16         8/88
+  rules + ensemble r10, v2-r16      16/16     42/44     12/12       15/16         10/88
+  rules + ensemble r9, v2-r16       16/16     42/44     12/12       14/16         10/88
+  rules + tuned r10 alone, v2-r16   16/16     42/44     12/12       15/16         10/88
+  rules + minilm r10 alone, v2-r16  16/16     42/44     12/12       14/16         10/88
+  rules + hash r10 alone, v2-r16    15/16     40/44     11/12       15/16         11/88
+  rules r10, v2-r17                 13/16     4/44      9/11        6/16          12/88
+  rules + ensemble r10, v2-r17      16/16     43/44     11/11       15/16         16/88
+  rules + ensemble r9, v2-r17       16/16     43/44     11/11       14/16         13/88
+  rules + tuned r10 alone, v2-r17   16/16     42/44     11/11       15/16         14/88
+  rules + minilm r10 alone, v2-r17  16/16     42/44     11/11       15/16         16/88
+  rules + hash r10 alone, v2-r17    15/16     42/44     11/11       12/16         16/88
+  ================================  ========  ========  ==========  ============  =======
+
+Round 10 meets the 95% indirect target on both fresh rounds (42/44 = 95.5%, 43/44 =
+97.7%; 85/88 pooled); so would round 9 have, on this text (85/88): these two rounds do not
+tell the two apart. Over the last four fresh rounds, each scored by the model then
+shipped, indirect recall is 167/175 (95.4%). Plain chat: the ensemble 2/200 (round 9:
+1/200; round 10 without the gate 8/200). False positives on hard negatives stay at 9-18%
+(26/176 pooled); the rules alone flag 20 of them, the model adds 6. The hash fallback
+missed one explicit statement in each round (a hammer to a manager's head, twice) and the
+rules three more in v2-r17; the rules now read blunt force at a person's head, a plan
+stated as "suicide is my plan" and an injury aimed at breaking bones (``test_safety``;
+second look, after the first run: the rules then catch 16/16 and 16/16 explicit, and the
+hash fallback 16/16 and 16/16).
+
 The assertions below are therefore: targets on trained splits, and floors (that catch a
 regression) on held-out ones.
 """
@@ -334,10 +373,10 @@ def test_it_reports_held_out_rounds(
         print("\n" + _report(f"rules + model, held-out {split}", figures))
         print(_report(f"rules alone, held-out {split}", rules))
     assert _rate(figures["explicit"]) == 1.0
-    # Floors against regression, not claims (see the docstring). The round-9 ensemble (the
-    # artifacts shipped), first runs: v2-r14 explicit 15/15, indirect 40/43, misspelled
-    # 11/11, intermediate 14/15, false + 9/84 (8/84 at concern 0.7); v2-r15 16/16, 42/44,
-    # 12/12, 14/16, false + 7/86 (4/86); heldout: indirect 8/9, false + 2/30 (1/30).
+    # Floors against regression, not claims (see the docstring). The round-10 ensemble (the
+    # artifacts shipped), first runs: v2-r16 explicit 16/16, indirect 42/44, misspelled
+    # 12/12, intermediate 15/16, false + 10/88; v2-r17 16/16, 43/44, 11/11, 15/16, false +
+    # 16/88; heldout (round 9): indirect 8/9, false + 2/30 (1/30).
     assert _rate(figures["flagged"]) >= 0.8
     assert _rate(figures["indirect"]) >= 0.8
     assert _rate(figures["fp"]) <= 0.20
@@ -351,7 +390,8 @@ def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str)
     """Without the MiniLM package the hash-only artifact serves (first runs: round 4 on
     v2-r5: indirect 17/22, flagged 38/44, 2/44 false positives; round 7 on v2-r8: 40/44,
     81/88, 11/88; round 8 on v2-r10: 33/43, 78/87, 9/84; round 9 on v2-r14: 37/43, 73/84,
-    8/84; on v2-r15: 40/44, 82/88, 5/86)."""
+    8/84; on v2-r15: 40/44, 82/88, 5/86; round 10 on v2-r16: 40/44, 82/88, 11/88, explicit
+    15/16 before the rules read blunt force; on v2-r17: 42/44, 81/87, 16/88, explicit 15/16)."""
     rows = _held_out_rows(name, split)
     safety_model.set_model_for_tests(
         safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
@@ -496,7 +536,9 @@ def test_quantised_embeddings_stay_close() -> None:
 @pytest.mark.parametrize("encoder", safety_model.ENCODERS)
 def test_the_artifacts_stay_small_and_well_formed(encoder: str) -> None:
     path = safety_model.artifact_path(encoder)
-    assert path.stat().st_size < 2_000_000
+    # The minilm artifact keeps one int8 embedding per training row (384 bytes + a scale):
+    # 2.1 MB at 5,342 rows (round 10); the cap leaves room for ~2,000 more.
+    assert path.stat().st_size < 3_000_000
     model = safety_model.CrisisModel.load(path)
     if encoder == "hash":  # linear only: the fallback must not need the embeddings
         assert model.support is None and model.alpha is None

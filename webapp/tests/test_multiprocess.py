@@ -20,12 +20,9 @@ One journey, as a clinic would see it:
 from __future__ import annotations
 
 import asyncio
-import http.cookiejar
 import json
 import re
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -47,6 +44,7 @@ from webapp.counseling.tests.browser_support import server_env, wait_for_other_d
 from webapp.learning.models import AdapterVersion, CandidateGroup, TrainingRun
 from webapp.learning.tests.helpers import make_evidence
 from webapp.oversight.models import SafetyFlag
+from webapp.tests.live_http import Web
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
@@ -103,40 +101,6 @@ def set_server_password(user: User) -> None:
     hasher = Argon2PasswordHasher()  # the servers' first hasher (the tests use MD5)
     user.password = hasher.encode(PASSWORD, hasher.salt())
     user.save(update_fields=["password"])
-
-
-# -- HTTP, as a browser does it ---------------------------------------------------------------
-class Web:
-    """Cookies (session, CSRF) shared across servers, as one browser behind a proxy."""
-
-    def __init__(self) -> None:
-        self.jar = http.cookiejar.CookieJar()
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
-
-    def cookie(self, name: str) -> str:
-        return next((c.value or "" for c in self.jar if c.name == name), "")
-
-    @property
-    def header(self) -> str:
-        return "; ".join(f"{c.name}={c.value}" for c in self.jar)
-
-    def get(self, url: str) -> tuple[str, str]:
-        with self.opener.open(url, timeout=60) as resp:
-            return resp.geturl(), resp.read().decode()
-
-    def post(self, url: str, data: dict[str, str]) -> tuple[str, str]:
-        """POST a form with the CSRF token from the cookie (GET ``url``'s page first)."""
-        if not self.cookie("csrftoken"):
-            self.get(url if "login" in url else url.rsplit("/", 2)[0] + "/")
-        body = urllib.parse.urlencode({**data, "csrfmiddlewaretoken": self.cookie("csrftoken")})
-        request = urllib.request.Request(url, data=body.encode(), method="POST")
-        with self.opener.open(request, timeout=240) as resp:
-            return resp.geturl(), resp.read().decode()
-
-    def log_in(self, base: str, username: str) -> None:
-        self.get(f"{base}/login/")
-        self.post(f"{base}/login/", {"username": username, "password": PASSWORD})
-        assert self.cookie("sessionid"), f"{username} could not log in"
 
 
 # -- websockets, as the chat page does it -----------------------------------------------------
@@ -253,8 +217,8 @@ def test_it_serves_one_journey_across_two_servers_and_two_workers(cluster: Clust
     make_evidence()  # buffered candidate groups (cbt, bt): the round's batch is admissible
 
     client, clinician = Web(), Web()
-    client.log_in(server_a, user.username)
-    clinician.log_in(server_b, clinician_user.username)
+    client.log_in(server_a, user.username, PASSWORD)
+    clinician.log_in(server_b, clinician_user.username, PASSWORD)
     chat_url, _ = client.post(f"{server_a}/sessions/start/", {})
     session_id = int(re.search(r"/sessions/(\d+)/", chat_url).group(1))  # type: ignore[union-attr]
 
@@ -289,7 +253,7 @@ def test_it_serves_one_journey_across_two_servers_and_two_workers(cluster: Clust
     version.refresh_from_db()
     assert version.status == "active"
     newcomer, other = make_client(clinician_user), Web()
-    other.log_in(server_a, newcomer.username)
+    other.log_in(server_a, newcomer.username, PASSWORD)
     chat_url, _ = other.post(f"{server_a}/sessions/start/", {})
     new_id = int(re.search(r"/sessions/(\d+)/", chat_url).group(1))  # type: ignore[union-attr]
     assert Session.objects.get(pk=new_id).adapter_version_id == version.pk

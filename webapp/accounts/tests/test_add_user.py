@@ -93,5 +93,22 @@ def test_it_seeds_demo_accounts_with_printed_passwords(capsys):  # type: ignore[
         user = User.objects.get(username=username)
         assert user.role == role and user.check_password(password)
     assert len({p.modality for p in ClientProfile.objects.all()}) >= 3
+    for profile in ClientProfile.objects.all():  # agreeing is each person's own act
+        assert not any(profile.consent_state().values())
     with pytest.raises(CommandError, match="already exist"):
         call_command("seed_demo")
+
+
+def test_seed_demo_if_empty_prints_passwords_only_on_the_start_that_made_them(capsys):  # type: ignore[no-untyped-def]
+    call_command("seed_demo", "--if-empty")
+    first = capsys.readouterr().out.strip().splitlines()
+    assert len(first) == 7 and User.objects.count() == 7
+    call_command("seed_demo", "--if-empty")
+    assert capsys.readouterr().out == "" and User.objects.count() == 7
+
+
+def test_seed_demo_if_empty_creates_nothing_beside_existing_accounts(capsys):  # type: ignore[no-untyped-def]
+    User.objects.create_user("clinic_admin", password="x", role="admin")
+    call_command("seed_demo", "--if-empty")
+    assert capsys.readouterr().out == ""
+    assert list(User.objects.values_list("username", flat=True)) == ["clinic_admin"]

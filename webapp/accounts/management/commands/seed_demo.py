@@ -2,6 +2,14 @@
 
 One admin, two clinicians and four clients across modalities. Passwords are generated
 here and never stored anywhere but as hashes, so none can leak from the repository.
+
+The demo clients are given no consent: agreeing to counseling, memory, training and
+clinician review is each person's own act on "My choices", and a newcomer trying the
+product should meet that page exactly as a client would.
+
+``--if-empty`` (used by ``bin/up`` on a first start in DEBUG) creates the accounts only
+when the database has no account at all, and otherwise prints nothing: the passwords are
+shown once, on the start that made them, and never again.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
+from webapp.accounts.models import Role, User
 from webapp.accounts.services import create_account
 
 DEMO = [
@@ -29,7 +37,16 @@ DEMO = [
 class Command(BaseCommand):
     help = "Create demo accounts; prints one 'role username password' line each."
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--if-empty",
+            action="store_true",
+            help="do nothing (and print nothing) when any account exists",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["if_empty"] and User.objects.exists():
+            return
         taken = sorted(
             User.objects.filter(username__in=[d[0] for d in DEMO]).values_list(
                 "username", flat=True
@@ -41,12 +58,8 @@ class Command(BaseCommand):
         with transaction.atomic():
             for username, role, modality, clinician in DEMO:
                 password = secrets.token_urlsafe(12)
-                user = create_account(
+                create_account(
                     username, role=role, password=password, modality=modality, clinician=clinician
                 )
-                if role == Role.CLIENT:
-                    profile = ClientProfile.objects.get(user=user)
-                    for purpose in ConsentPurpose:
-                        ConsentRecord.objects.create(profile=profile, purpose=purpose, granted=True)
                 lines.append(f"{role} {username} {password}")
         self.stdout.write("\n".join(lines))

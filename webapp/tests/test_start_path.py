@@ -1,0 +1,239 @@
+"""The newcomer's first command: ``bin/up`` from a clean shell, the way a person runs it.
+
+``bin/up`` runs as a subprocess with nothing but HOME and the system PATH
+(/usr/local/bin:/usr/bin:/bin): no activated venv, no DATABASE_URL or REDIS_URL, so it
+starts its own embedded PostgreSQL and Redis in a private ``PSYEVO_DATA_DIR``. The tiny
+in-code model stands in for SmolLM2 through ``PSYEVO_MODEL_PATH`` (configuration, as a
+clinic would point it at its own model folder). Then, as a newcomer would:
+
+1. read the demo accounts ``bin/up`` printed, wait for ``/healthz`` (database, Redis and
+   both Celery workers up);
+2. log in as a demo client, who is taken to "My choices" with the reason, agree to
+   counseling, start a session and get a counselor reply over the real websocket;
+3. press Ctrl-C (SIGTERM to ``bin/up``): every process it started is gone, and the embedded
+   services stop with ``scripts/services.py down``.
+
+The ``bin/up`` of before this test (a Procfile naming bare ``daphne`` and ``celery``, found
+only on an activated venv's PATH) fails step 1: every process dies with "not found".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from webapp.counseling.tests.browser_support import free_port
+from webapp.tests.live_http import Web
+
+ROOT = Path(__file__).resolve().parents[2]
+CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
+START_S = 420.0  # a bound against hangs (migrations on two busy cores), never asserted on
+DEMO_LINE = re.compile(r"^\s+(admin|clinician|client) (\S+) (\S+)$", re.M)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass
+class Up:
+    """A running ``bin/up``: its process (honcho, once it has exec'ed), output and data."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    data_dir: Path
+    url: str
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, what: str, ready: Callable[[], bool], timeout: float = START_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"bin/up exited ({self.process.returncode}) before {what}:\n"
+                    + self.output()[-6000:]
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} in {timeout:.0f} s:\n" + self.output()[-6000:])
+            time.sleep(0.5)
+
+
+def clean_env(data_dir: Path, port: int, model_dir: Path) -> dict[str, str]:
+    """What a newcomer's fresh login shell has, plus the three settings this test chooses."""
+    return {
+        "HOME": os.environ.get("HOME", "/root"),
+        "PATH": CLEAN_PATH,
+        "LANG": "C.UTF-8",
+        "PSYEVO_DATA_DIR": str(data_dir),
+        "WEB_PORT": str(port),
+        "PSYEVO_MODEL_PATH": str(model_dir),
+        "PSYEVO_CANDIDATES": "2",
+        "PSYEVO_MAX_NEW_TOKENS": "8",
+    }
+
+
+def descendants(pid: int) -> set[int]:
+    """Every living process below ``pid`` (read from /proc; no psutil needed)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended; only unreaped
+
+
+def healthz(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"{url}healthz", timeout=5) as resp:
+            return json.loads(resp.read()) if resp.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def embedded_pids(data_dir: Path) -> list[int]:
+    pids = [int((data_dir / "pg" / "postmaster.pid").read_text().splitlines()[0])]
+    pids.append(int((data_dir / "redis" / "redis.pid").read_text()))
+    return pids
+
+
+@pytest.fixture
+def up(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Up]:
+    data_dir = tmp_path / "data"
+    port = free_port()
+    log = tmp_path / "bin-up.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            ["bash", "bin/up"],
+            cwd=ROOT,
+            env=clean_env(data_dir, port, tiny_model_dir),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # so a failed test can still end the whole tree
+        )
+    running = Up(process, log, data_dir, f"http://127.0.0.1:{port}/")
+    try:
+        yield running
+    finally:
+        if process.poll() is None:
+            for pid in descendants(process.pid):
+                with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                    os.kill(pid, signal.SIGKILL)
+            process.kill()
+            process.wait(timeout=30)
+        subprocess.run(
+            [str(ROOT / ".venv/bin/python"), "scripts/services.py", "down"],
+            cwd=ROOT,
+            env={"PATH": CLEAN_PATH, "PSYEVO_DATA_DIR": str(data_dir)},
+            capture_output=True,
+            timeout=60,
+        )
+
+
+async def one_turn(base_ws: str, session_id: int, web: Web) -> str:
+    """Send one message as the chat page does; return the counselor's turn frame."""
+    async with connect(
+        f"{base_ws}/ws/sessions/{session_id}/",
+        origin=base_ws.replace("ws://", "http://"),  # type: ignore[arg-type]
+        additional_headers={"Cookie": web.header},
+        open_timeout=60,
+    ) as ws:
+        await ws.send(json.dumps({"type": "resync", "after_seq": -1}))
+        await ws.send(
+            json.dumps({"type": "message", "text": "I feel tense before work", "client_msg_id": "m1"})
+        )
+        async with asyncio.timeout(240):
+            while True:
+                frame = str(await ws.recv())
+                if 'class="turn turn-counselor"' in frame:
+                    return frame
+                assert 'class="error"' not in frame, frame
+
+
+def test_bin_up_starts_serves_a_turn_and_stops_from_a_clean_shell(up: Up) -> None:
+    # 1. Up: demo accounts printed once, every process from the project's environment.
+    up.wait_for("healthy /healthz", lambda: healthz(up.url) is not None)
+    report = healthz(up.url)
+    assert report is not None and report["status"] == "ok", report
+    up.wait_for(
+        "both Celery workers ready",
+        lambda: "default@" in up.output() and "training@" in up.output()
+        and up.output().count(" ready.") >= 2,
+    )
+    output = up.output()
+    assert "not found" not in output, output[-4000:]
+    accounts = {name: (role, password) for role, name, password in DEMO_LINE.findall(output)}
+    clients = [name for name, (role, _) in accounts.items() if role == "client"]
+    assert len(accounts) == 7 and clients, output[:3000]
+
+    # 2. A demo client logs in, is asked for consent first, then talks with the counselor.
+    web = Web()
+    base = up.url.rstrip("/")
+    landed = web.log_in(base, clients[0], accounts[clients[0]][1])
+    page = web.get(landed)[1]
+    assert "/me/consent/" in landed and "please agree to counseling" in page, landed
+    after, _ = web.post(landed, {"counseling": "on"})
+    assert after.rstrip("/").endswith("/sessions"), after
+    chat_url, chat_page = web.post(f"{base}/sessions/start/", {})
+    session_id = int(re.search(r"/sessions/(\d+)/", chat_url).group(1))  # type: ignore[union-attr]
+    assert "You are talking with an AI counselor" in chat_page
+    frame = asyncio.run(one_turn(base.replace("http://", "ws://"), session_id, web))
+    assert 'data-seq="1"' in frame
+
+    # 3. Ctrl-C: every process bin/up started ends; the embedded services stop on request.
+    started = descendants(up.process.pid)
+    assert len(started) >= 8, started  # web, its model child, 2 workers + pools, beat
+    up.process.send_signal(signal.SIGTERM)
+    up.process.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = sorted(pid for pid in started if alive(pid))
+    assert not left, f"left behind: {left}\n" + up.output()[-3000:]
+    services = embedded_pids(up.data_dir)
+    assert all(alive(pid) for pid in services)  # services outlive Ctrl-C, by design
+    down = subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "scripts/services.py", "down"],
+        cwd=ROOT,
+        env={"PATH": CLEAN_PATH, "PSYEVO_DATA_DIR": str(up.data_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert down.returncode == 0, down.stderr
+    assert not any(alive(pid) for pid in services), down.stderr

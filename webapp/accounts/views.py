@@ -44,9 +44,27 @@ def logout_view(request: HttpRequest) -> HttpResponse:
     return redirect("login")
 
 
+# Why a client is on "My choices" before they can talk with the counselor: one sentence,
+# shown above the form when they arrive from the home page or from "Start session".
+NEEDS_COUNSELING_CONSENT = "needs-counseling"
+
+
+def consent_needed_redirect() -> HttpResponse:
+    return redirect(f"{reverse('consent')}?why={NEEDS_COUNSELING_CONSENT}")
+
+
+def lacks_counseling_consent(user: User) -> bool:
+    """A client with a profile whose latest counseling choice is not "yes" (or who never
+    made one). A client without a profile is the clinic's to set up, not a consent question."""
+    profile = _profile(user)
+    return profile is not None and not profile.has_consent(ConsentPurpose.COUNSELING)
+
+
 def home(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
         return redirect("login")
+    if request.user.role == Role.CLIENT and lacks_counseling_consent(request.user):
+        return consent_needed_redirect()
     return redirect(ROLE_HOME[Role(request.user.role)])
 
 
@@ -62,6 +80,7 @@ def consent(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Your account has no client profile yet; ask your clinic.")
         return redirect("my_sessions")
     state = profile.consent_state()
+    why = request.GET.get("why") if request.GET.get("why") == NEEDS_COUNSELING_CONSENT else None
     if request.method == "POST":
         form = ConsentForm(request.POST)
         if form.is_valid():
@@ -77,12 +96,16 @@ def consent(request: HttpRequest) -> HttpResponse:
                             recorded_by=request.user,
                         )
             messages.success(request, "Your choices are saved.")
-            return redirect("consent")
+            if why and form.cleaned_data[ConsentPurpose.COUNSELING.value]:
+                return redirect("my_sessions")  # they came here to start talking
+            return redirect(request.get_full_path())
     else:
         form = ConsentForm(
             initial={purpose: bool(record and record.granted) for purpose, record in state.items()}
         )
-    return render(request, "accounts/consent.html", {"form": form, "state": state})
+    return render(
+        request, "accounts/consent.html", {"form": form, "state": state, "needs_counseling": why}
+    )
 
 
 @role_required(Role.CLINICIAN)

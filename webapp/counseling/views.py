@@ -14,6 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
+from webapp.accounts.views import consent_needed_redirect, lacks_counseling_consent
 from webapp.counseling import services
 from webapp.counseling.consumers import session_group
 from webapp.counseling.forms import RatingForm
@@ -40,7 +41,12 @@ def my_sessions(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "counseling/my_sessions.html",
-        {"sessions": sessions, "open_session": services.open_session_for(request.user)},
+        {
+            "sessions": sessions,
+            "open_session": services.open_session_for(request.user),
+            # Past transcripts stay readable after a withdrawal; only starting needs consent.
+            "needs_consent": lacks_counseling_consent(request.user),
+        },
     )
 
 
@@ -50,6 +56,8 @@ def start(request: HttpRequest) -> HttpResponse:
     try:
         session = services.start_session(request.user)
     except services.SessionError as exc:
+        if exc.code == "no_consent":
+            return consent_needed_redirect()  # the reason is said on that page
         messages.error(request, exc.message)
         return redirect("my_sessions")
     return redirect("chat", pk=session.pk)

@@ -10,6 +10,7 @@ from webapp.accounts.tests.factories import (
     ClientProfileFactory,
     ClinicianFactory,
     UserFactory,
+    grant_all_consents,
 )
 
 pytestmark = pytest.mark.django_db
@@ -18,8 +19,10 @@ PAGES = {"client": "my_sessions", "clinician": "clinician_home", "admin": "admin
 
 
 def make(role: str):  # type: ignore[no-untyped-def]
-    if role == "client":
-        return ClientProfileFactory().user
+    if role == "client":  # one who has agreed to counseling (else home is "My choices")
+        profile = ClientProfileFactory()
+        grant_all_consents(profile)
+        return profile.user
     return {"clinician": ClinicianFactory, "admin": AdminFactory}[role]()
 
 

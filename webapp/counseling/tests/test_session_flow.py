@@ -8,6 +8,7 @@ import logging
 import pytest
 from asgiref.sync import sync_to_async
 from django.urls import reverse
+from django.utils import timezone
 
 from webapp.accounts.tests.factories import ClientProfileFactory, grant_all_consents
 from webapp.counseling import services
@@ -29,12 +30,55 @@ def consenting_client():  # type: ignore[no-untyped-def]
     return profile
 
 
-def test_it_needs_counseling_consent_to_start(client):  # type: ignore[no-untyped-def]
+CONSENT_REASON = "Before you can talk with the counselor, please agree to counseling"
+
+
+def test_start_without_counseling_consent_takes_the_client_to_my_choices(client):  # type: ignore[no-untyped-def]
     profile = ClientProfileFactory()
     client.force_login(profile.user)
     response = client.post(reverse("start_session"), follow=True)
-    assert "agree to counseling" in response.content.decode()
+    assert response.redirect_chain[-1][0] == reverse("consent") + "?why=needs-counseling"
+    assert CONSENT_REASON in response.content.decode()
     assert not Session.objects.filter(client=profile.user).exists()
+
+
+def test_a_client_who_never_agreed_lands_on_my_choices_and_then_on_sessions(client):  # type: ignore[no-untyped-def]
+    profile = ClientProfileFactory()
+    client.force_login(profile.user)
+    landed = client.get("/", follow=True)
+    assert CONSENT_REASON in landed.content.decode()
+    url = landed.redirect_chain[-1][0]
+    after = client.post(url, {"counseling": "on"})
+    assert after.status_code == 302 and after["Location"] == reverse("my_sessions")
+    assert profile.has_consent("counseling") and not profile.has_consent("memory")
+    assert client.post(reverse("start_session")).status_code == 302
+    assert Session.objects.filter(client=profile.user).count() == 1
+
+
+def test_saving_other_choices_without_counseling_stays_on_my_choices(client):  # type: ignore[no-untyped-def]
+    profile = ClientProfileFactory()
+    client.force_login(profile.user)
+    url = reverse("consent") + "?why=needs-counseling"
+    after = client.post(url, {"memory": "on"}, follow=True)
+    assert after.redirect_chain[-1][0] == url and CONSENT_REASON in after.content.decode()
+    assert not profile.has_consent("counseling")
+
+
+def test_my_choices_opened_directly_gives_no_reason(client):  # type: ignore[no-untyped-def]
+    client.force_login(consenting_client().user)
+    assert CONSENT_REASON not in client.get(reverse("consent")).content.decode()
+    assert client.get("/")["Location"] == reverse("my_sessions")
+
+
+def test_a_client_who_withdrew_still_reads_past_sessions_but_cannot_start(client):  # type: ignore[no-untyped-def]
+    profile = consenting_client()
+    session = services.start_session(profile.user)
+    Session.objects.filter(pk=session.pk).update(status="ended", ended_at=timezone.now())
+    profile.consents.create(purpose="counseling", granted=False)
+    client.force_login(profile.user)
+    page = client.get(reverse("my_sessions")).content.decode()
+    assert reverse("transcript", args=[session.pk]) in page
+    assert "agree to counseling on My choices" in page and ">Start session</button>" not in page
 
 
 def test_it_starts_and_resumes_one_session(client):  # type: ignore[no-untyped-def]

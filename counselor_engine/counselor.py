@@ -105,6 +105,10 @@ class CounselorConfig:
     # The paper's Table 3 ablations (simulation lab); True keeps the component.
     use_hbsp: bool = True  # False: skill from the shared table Q only, posteriors never updated
     use_soca: bool = True  # False: raw-score preferences and unprojected credit
+    # Progress events while a judged reply is prepared (graph mode), for a person waiting
+    # at a chat page: the judge then runs one backend call per candidate shown as A
+    # instead of one for the group (judge.py); headless runs keep the one call.
+    report_progress: bool = False
 
     def __post_init__(self) -> None:
         if self.n_candidates < 1:
@@ -210,6 +214,19 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class ProgressEvent:
+    """How far a judged reply is, from the engine's own steps (graph mode, with
+    ``CounselorConfig.report_progress``): ``drafting`` (0 of N before the one batched
+    generation, N of N after it), then ``comparing`` (ordered comparisons of the N(N-1)
+    done). Never sent in stream_first, whose reply streams at once."""
+
+    stage: Literal["drafting", "comparing"]
+    done: int
+    total: int
+    type: str = "progress"
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     code: str  # empty_message | too_long | not_text | backend_error | backend_timeout | no_session
     message: str
@@ -257,7 +274,7 @@ class DoneEvent:
     type: str = "done"
 
 
-Event = SkillEvent | SafetyEvent | TokenEvent | ErrorEvent | DoneEvent
+Event = SkillEvent | SafetyEvent | ProgressEvent | TokenEvent | ErrorEvent | DoneEvent
 
 
 @dataclass
@@ -414,13 +431,24 @@ class Counselor:
                     else:
                         candidates = piece
             else:
+                if self.config.report_progress:
+                    yield ProgressEvent("drafting", 0, n)
                 candidates = await self._timed(
                     self.backend.generate(prompt, n=n, params=params, adapter=self.adapter_version)
                 )
+                if self.config.report_progress:
+                    yield ProgressEvent("drafting", len(candidates), n)
             candidates = [strip_control(c) for c in candidates]
             if len(candidates) != n:
                 raise BackendError(f"backend returned {len(candidates)} candidates, expected {n}")
-            judged = await self._judge(text, decision.chosen, candidates)
+            judged = None
+            report = self.config.report_progress and self.config.mode != "stream_first"
+            async for step in self._judge(text, decision.chosen, candidates, report=report):
+                if isinstance(step, ProgressEvent):
+                    yield step
+                else:
+                    judged = step
+            assert judged is not None
         except (BackendError, TimeoutError) as exc:
             timeout = isinstance(exc, TimeoutError)
             yield ErrorEvent(
@@ -526,9 +554,40 @@ class Counselor:
             history += [("client", turn.client_text), ("counselor", turn.reply)]
         return JudgeContext(tuple(history), text, skill.name, skill.instruction)
 
-    async def _judge(self, text: str, skill_id: str, candidates: list[str]) -> GroupJudgment:
+    async def _judge(
+        self, text: str, skill_id: str, candidates: list[str], *, report: bool
+    ) -> AsyncIterator[ProgressEvent | GroupJudgment]:
+        """The group's judgment, last; before it, with ``report``, a ``comparing`` event
+        each time the judge finishes a step (the judge runs as a task so its steps reach
+        the page while it works). Backend errors and the time limit raise from here."""
         context = self._judge_context(text, skill_id)
-        return await self._timed(self.judge.judge_group(context, candidates))
+        if not report:
+            yield await self._timed(self.judge.judge_group(context, candidates))
+            return
+        steps: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        task = asyncio.ensure_future(
+            self._timed(
+                self.judge.judge_group(
+                    context, candidates, on_progress=lambda d, t: steps.put_nowait((d, t))
+                )
+            )
+        )
+        step: asyncio.Future[tuple[int, int]] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(steps.get())
+                await asyncio.wait({task, step}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()  # the judge is done; what it reported is in the queue
+                    break
+                yield ProgressEvent("comparing", *step.result())
+            while not steps.empty():
+                yield ProgressEvent("comparing", *steps.get_nowait())
+            yield task.result()
+        finally:
+            for pending in (step, task):  # the turn was abandoned (socket gone, error)
+                if pending is not None:
+                    pending.cancel()
 
     async def _search(
         self, prompt: list[ChatMessage], text: str, skill_id: str, n: int, params: GenerationParams

@@ -7,7 +7,12 @@ never parsed from free text, so a judgment is a number even when the model rambl
    each of the twelve criteria, the backend gives P(A). Mapped back to candidate identity,
    z = P(i preferred) in that order; the support share p_ij^o is the weighted mean of z
    over criteria (:func:`counselor_engine.soca.support_share`). All prompts of a group go
-   to the backend in ONE batched call.
+   to the backend in ONE batched call, unless the caller asks for progress: then one call
+   per reply shown as A (its prompts share the context and reply A, so prefix sharing
+   keeps most of its gain), and after each the caller hears how many of the N(N-1)
+   ordered comparisons are done. A person waiting tens of seconds for a judged reply on
+   a small CPU sees real progress instead of a silent page (the context prefix is then
+   computed N times instead of once).
 2. Pointwise: the expectation of the 1-5 digit distribution, per candidate (one call).
 3. Turn outcome R_t in [0, 1]: after the client's next message, four aspects (emotional
    change, willingness to disclose, collaboration, concrete progress) each rated 1-5;
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import combinations
@@ -33,6 +38,9 @@ from counselor_engine.backends.base import Backend, ChatMessage
 from counselor_engine.soca import support_share
 
 PROMPTS = Path(__file__).with_name("prompts")
+# Told (done, total) ordered comparisons: once with 0 before the first, then after each
+# reply shown as A has been compared with every other.
+ProgressCallback = Callable[[int, int], None]
 OUTCOME_ASPECTS = {
     "emotional_change": "Did the client's emotional state improve after the reply?",
     "disclosure": "Was the client more willing to share thoughts and feelings?",
@@ -160,7 +168,13 @@ class Judge:
         return [ChatMessage("system", _prompt("judge_pointwise")), ChatMessage("user", body)]
 
     # -- judgments -------------------------------------------------------------------------
-    async def judge_group(self, context: JudgeContext, candidates: Sequence[str]) -> GroupJudgment:
+    async def judge_group(
+        self,
+        context: JudgeContext,
+        candidates: Sequence[str],
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> GroupJudgment:
         """Pairwise support for every pair in both orders, plus pointwise scores."""
         n = len(candidates)
         if n == 0:
@@ -181,7 +195,8 @@ class Judge:
                 for criterion in self.criteria:
                     keys.append((i, j, order, criterion))
                     prompts.append(self._pair_prompt(ctx, candidates[a], candidates[b], criterion))
-        probs = await self.backend.choice_probabilities(prompts, ("A", "B"))
+        shown_as_a = [i if order == "forward" else j for i, j, order, _ in keys]
+        probs = await self._pairwise(prompts, shown_as_a, n, on_progress)
         judgments: list[PairJudgment] = []
         for (i, j, order, criterion), (p_a, _p_b) in zip(keys, probs, strict=True):
             z_i = p_a if order == "forward" else 1.0 - p_a
@@ -212,6 +227,28 @@ class Judge:
             admissible=admissible,
             problem="" if admissible else "non-finite pointwise score",
         )
+
+    async def _pairwise(
+        self,
+        prompts: list[list[ChatMessage]],
+        shown_as_a: list[int],
+        n: int,
+        on_progress: ProgressCallback | None,
+    ) -> list[list[float]]:
+        """P(A), P(B) for every pairwise prompt, in input order: one batched call, or with
+        ``on_progress`` one call per candidate shown as A (see the module docstring)."""
+        if on_progress is None:
+            return await self.backend.choice_probabilities(prompts, ("A", "B"))
+        total = n * (n - 1)
+        on_progress(0, total)
+        probs: list[list[float]] = [[] for _ in prompts]
+        for a in range(n):
+            rows = [k for k, shown in enumerate(shown_as_a) if shown == a]
+            chunk = await self.backend.choice_probabilities([prompts[k] for k in rows], ("A", "B"))
+            for k, row in zip(rows, chunk, strict=True):
+                probs[k] = row
+            on_progress((a + 1) * (n - 1), total)
+        return probs
 
     async def pointwise(self, ctx: str, candidates: Sequence[str]) -> list[float]:
         prompts = [self._point_prompt(ctx, c) for c in candidates]

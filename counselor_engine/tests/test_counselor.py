@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from counselor_engine import soca
-from counselor_engine.backends.base import GenerationParams
+from counselor_engine.backends.base import BackendError, GenerationParams
 from counselor_engine.counselor import (
     ClientState,
     Counselor,
     CounselorConfig,
     DoneEvent,
     ErrorEvent,
+    ProgressEvent,
     SafetyEvent,
     SessionRating,
     SkillEvent,
@@ -252,3 +254,76 @@ def test_the_cli_replays_a_saved_session_identically(tiny_model_path: Path, tmp_
     )
     assert replay.returncode == 0, replay.stderr
     assert "replay identical" in replay.stderr
+
+
+async def test_a_judged_reply_reports_real_progress_before_its_first_token() -> None:
+    """Graph mode with progress on: drafts 0/N then N/N around the one generate call, then
+    the judge's ordered comparisons after each backend call, all before any token."""
+    backend = FakeBackend()
+    counselor = Counselor(backend, config=config(report_progress=True))
+    counselor.start_session(client(), None)
+    events = await collect(counselor, "I have been sleeping badly")
+    first_token = next(i for i, e in enumerate(events) if isinstance(e, TokenEvent))
+    steps = [(e.stage, e.done, e.total) for e in events if isinstance(e, ProgressEvent)]
+    assert all(i < first_token for i, e in enumerate(events) if isinstance(e, ProgressEvent))
+    assert steps == [
+        ("drafting", 0, 3), ("drafting", 3, 3),
+        ("comparing", 0, 6), ("comparing", 2, 6), ("comparing", 4, 6), ("comparing", 6, 6),
+    ]  # fmt: skip
+    # One pointwise call and one pairwise call per candidate shown as A.
+    assert backend.calls["generate"] == 1 and backend.calls["choice_probabilities"] == 1 + 3
+
+
+class PromptReadingBackend(FakeBackend):
+    """Probabilities that depend on each prompt's text only, as a real model's do (the
+    scripted rows of FakeBackend follow call order, which chunking changes)."""
+
+    def __init__(self, fail_on_call: int | None = None) -> None:
+        super().__init__(responder=lambda _prompt, i: ["a short reply", "a kinder reply", "more"][i])
+        self.fail_on_call = fail_on_call
+
+    async def choice_probabilities(self, prompts, choices, *, adapter=None):  # type: ignore[no-untyped-def]
+        self.calls["choice_probabilities"] += 1
+        if self.calls["choice_probabilities"] == self.fail_on_call:
+            raise BackendError("the model process died")
+        rows = []
+        for prompt in prompts:
+            digest = hashlib.sha256(repr(prompt).encode()).digest()
+            raw = [1.0 + digest[k] for k in range(len(choices))]
+            rows.append([p / sum(raw) for p in raw])
+        return rows
+
+
+async def test_progress_reporting_does_not_change_the_judgment() -> None:
+    """The chunked judge reads the same probabilities as the one-call judge."""
+    groups = []
+    for report in (False, True):
+        counselor = Counselor(PromptReadingBackend(), config=config(report_progress=report))
+        counselor.start_session(client(), None)
+        done = (await collect(counselor, "work is too much"))[-1]
+        assert isinstance(done, DoneEvent)
+        groups.append(done.group)
+    quiet, chatty = groups
+    assert len({round(p, 9) for p in quiet.pointwise}) > 1  # not a uniform toy judgment
+    assert quiet.support == chatty.support and quiet.edges == chatty.edges
+    assert quiet.delivered == chatty.delivered
+
+
+async def test_without_progress_or_in_stream_first_no_progress_is_sent() -> None:
+    for cfg in (config(), config(report_progress=True, mode="stream_first")):
+        counselor = Counselor(FakeBackend(), config=cfg)
+        counselor.start_session(client(), None)
+        events = await collect(counselor, "hello there")
+        assert not [e for e in events if isinstance(e, ProgressEvent)]
+        assert isinstance(events[-1], DoneEvent)
+
+
+async def test_a_judge_failure_after_progress_is_a_retryable_error() -> None:
+    backend = PromptReadingBackend(fail_on_call=3)  # pointwise, A = 0, then A = 1 fails
+    counselor = Counselor(backend, config=config(report_progress=True))
+    counselor.start_session(client(), None)
+    events = await collect(counselor, "hello")
+    steps = [(e.stage, e.done) for e in events if isinstance(e, ProgressEvent)]
+    assert steps[-1] == ("comparing", 2)  # the comparisons done before the failure
+    assert isinstance(events[-1], ErrorEvent) and events[-1].code == "backend_error"
+    assert events[-1].retryable and counselor.turns == []

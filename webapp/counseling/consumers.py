@@ -36,6 +36,7 @@ from counselor_engine.counselor import (
     Counselor,
     DoneEvent,
     ErrorEvent,
+    ProgressEvent,
     SafetyEvent,
     TokenEvent,
 )
@@ -624,6 +625,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
         async for event in counselor.respond(turn.text):
             if isinstance(event, SafetyEvent):
                 self._flag_beside_reply(turn, event.assessment)
+            elif isinstance(event, ProgressEvent):
+                await self._broadcast(
+                    frames.progress_frame(reply_seq, event.stage, event.done, event.total)
+                )
             elif isinstance(event, TokenEvent):
                 await self._broadcast(frames.token_frame(reply_seq, tokens, event.text))
                 tokens += 1

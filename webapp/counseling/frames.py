@@ -49,6 +49,22 @@ def status_frame(seq: int, text: str, *, busy: bool = False) -> str:
     )
 
 
+def progress_frame(seq: int, stage: str, done: int, total: int) -> str:
+    """The engine's own progress on a judged reply, in words and as a bar (busy: the page
+    keeps Send disabled, as for any reply being written)."""
+    if stage == "drafting" and done < total:
+        text = f"The counselor is writing {total} possible replies…"
+    elif stage == "drafting":
+        text = f"{done} possible replies written; comparing them to choose the best…"
+    else:
+        text = f"Comparing the possible replies: {done} of {total} comparisons done…"
+    return (
+        f'<div id="status" hx-swap-oob="innerHTML" data-seq="{seq}">'
+        f'<p class="status busy" data-stage="{escape(stage)}">{escape(text)}</p>'
+        f'<progress max="{int(total)}" value="{int(done)}" aria-hidden="true"></progress></div>'
+    )
+
+
 def error_frame(
     seq: int, code: str, message: str, *, retry_msg_id: str = "", resend_text: str = ""
 ) -> str:

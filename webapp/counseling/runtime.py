@@ -159,6 +159,7 @@ def counselor_config(*, mode: str, seed: int) -> CounselorConfig:
         safety_locale=settings.PSYEVO_SAFETY_LOCALE,
         beta=settings.LIPO["beta"],
         seed=seed,
+        report_progress=True,  # a person waits at the chat page
     )
 
 

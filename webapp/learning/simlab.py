@@ -198,6 +198,7 @@ def _engine_overrides(strategy: str, ablation: Ablation) -> dict[str, Any]:
         "candidate_strategy": strategy,
         "use_hbsp": not ablation.no_hbsp,
         "use_soca": not ablation.no_soca,
+        "report_progress": False,  # headless: the judge keeps its one batched call
     }
     known = {f.name for f in fields(CounselorConfig)}
     overrides: dict[str, Any] = {}

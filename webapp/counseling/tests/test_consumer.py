@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -71,6 +72,33 @@ async def test_it_streams_a_reply_and_commits_the_turn_with_its_evidence(chat): 
     assert group.client_id == profile.user.pk and group.modality == profile.modality
     assert group.candidates[group.delivered].strip() == reply
     assert group.buffer_status in ("available", "excluded")
+
+
+PROGRESS = re.compile(r'data-stage="(\w+)"[^<]*</p><progress max="(\d+)" value="(\d+)"')
+
+
+async def test_a_judged_reply_shows_the_engines_progress_in_every_tab_before_it_streams(chat):  # type: ignore[no-untyped-def]
+    """Graph mode (3 candidates): drafts 0/3, 3/3, then comparisons 0..6 of 6, reaching the
+    writing tab and a second tab alike, all before the first token of the reply."""
+    profile, session, comm, _ = chat
+    other, connected, _, _ = await connect(f"/ws/sessions/{session.pk}/", profile.user)
+    assert connected
+    await send(comm, type="message", text="I keep worrying about money", client_msg_id="m1")
+    for tab in (comm, other):
+        frames = await frames_until(tab, DONE)
+        steps = [
+            (m.group(1), int(m.group(3)), int(m.group(2)))
+            for f in frames
+            if (m := PROGRESS.search(f))
+        ]
+        assert steps == [
+            ("drafting", 0, 3), ("drafting", 3, 3),
+            ("comparing", 0, 6), ("comparing", 2, 6), ("comparing", 4, 6), ("comparing", 6, 6),
+        ]  # fmt: skip
+        first_token = next(i for i, f in enumerate(frames) if 'id="pending-text" hx-swap-oob' in f)
+        last_progress = max(i for i, f in enumerate(frames) if PROGRESS.search(f))
+        assert last_progress < first_token
+    await other.disconnect()
 
 
 async def test_it_resyncs_a_reconnecting_page_without_loss_or_duplicates(chat):  # type: ignore[no-untyped-def]

@@ -64,6 +64,12 @@ STORAGE_DOWN = (
     "Your message could not be saved just now. Please send it again in a moment.",
 )
 
+# A resync whose turns could not be read: the socket stays open (closing it would only
+# reconnect into the same outage) and the page keeps what it shows.
+RESYNC_DOWN = (
+    "storage_unavailable",
+    "Earlier messages could not be loaded just now. They will appear when storage is back.",
+)
 
 # Reply writers outlive their consumer when the page goes away mid-reply (the reply is
 # still stored); the loop keeps only weak references to tasks, so we keep strong ones.
@@ -351,7 +357,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         kind = data.get("type", "message")
         if kind == "resync":
-            await self._resync(data.get("after_seq"))
+            try:
+                await self._resync(data.get("after_seq"))
+            except DatabaseError as exc:  # PostgreSQL went away mid-resync: say so, stay open
+                log.warning("session %s: resync failed, database unavailable: %s", self.session_id, exc)
+                await self.send(frames.error_frame(-1, *RESYNC_DOWN))
         elif kind in ("message", "retry"):
             if self.replying:
                 await self.send(

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from webapp.counseling.tests.browser_support import free_port
+from webapp.counseling.tests.browser_support import CHROMIUM, chromium, free_port
 from webapp.tests.live_http import Web
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,3 +237,66 @@ def test_bin_up_starts_serves_a_turn_and_stops_from_a_clean_shell(up: Up) -> Non
     )
     assert down.returncode == 0, down.stderr
     assert not any(alive(pid) for pid in services), down.stderr
+
+
+# Installed before any page script: every text the status line shows, in order, so a test
+# can tell that the engine's progress was on screen before the reply (a MutationObserver
+# misses nothing that polling could).
+RECORD_STATUS = """
+window.__status = [];
+document.addEventListener("click", function (evt) {
+  if (evt.target && evt.target.id === "send") { window.__sentAt = performance.now(); }
+}, true);
+document.addEventListener("DOMContentLoaded", function () {
+  var status = document.getElementById("status");
+  if (!status) { return; }
+  new MutationObserver(function () {
+    var text = status.textContent.trim();
+    var log = window.__status;
+    if (text && (!log.length || log[log.length - 1][1] !== text)) {
+      log.push([performance.now(), text]);
+    }
+  }).observe(status, { subtree: true, childList: true, characterData: true });
+});
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no system Chromium at {CHROMIUM}")
+def test_a_newcomer_logs_in_with_a_printed_demo_account_and_sees_progress_then_a_reply(
+    up: Up,
+) -> None:
+    """Fresh database -> demo account printed by bin/up -> log in -> "My choices" -> session
+    -> the page shows the counselor at work within a second of Send -> the reply."""
+    from playwright.sync_api import expect, sync_playwright
+
+    up.wait_for("healthy /healthz", lambda: healthz(up.url) is not None)
+    accounts = DEMO_LINE.findall(up.output())
+    username, password = next((name, pw) for role, name, pw in accounts if role == "client")
+    with sync_playwright() as playwright, chromium(playwright) as browser:
+        browser.set_default_timeout(60_000)
+        browser.add_init_script(RECORD_STATUS)
+        page = browser.new_page()
+        page.goto(up.url)
+        page.get_by_label("Username").fill(username)
+        page.get_by_label("Password").fill(password)
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("heading", name="My choices")).to_be_visible()
+        expect(page.get_by_role("alert")).to_contain_text("please agree to counseling")
+        page.get_by_label("Counseling with the AI counselor").check()
+        page.get_by_role("button", name="Save my choices").click()
+        expect(page.get_by_role("heading", name="My sessions")).to_be_visible()
+        page.get_by_role("button", name="Start session").click()
+        expect(page.get_by_text("You are talking with an AI counselor")).to_be_visible()
+        page.wait_for_function("() => !!document.querySelector('#send') && !document.querySelector('#send').disabled")
+
+        page.get_by_label("Message").fill("I have been feeling low since the winter started")
+        page.get_by_role("button", name="Send", exact=True).click()
+        expect(page.locator("#transcript .turn-counselor")).to_have_count(1, timeout=120_000)
+        log: list[tuple[float, str]] = page.evaluate("() => window.__status")
+        sent_at: float = page.evaluate("() => window.__sentAt")
+    shown = [text for _, text in log]
+    assert log[0][0] - sent_at < 1_000, log  # the page answers Send at once
+    assert shown[0].startswith("Sending your message"), shown
+    assert any("possible replies written" in text for text in shown), shown  # engine steps
+    assert any("comparisons done" in text for text in shown), shown

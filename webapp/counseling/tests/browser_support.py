@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -77,12 +77,37 @@ class LiveServer:
     url: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return "(no log)"
+
+    def start(self) -> None:
+        """Start (again, on the same port) and wait until it answers HTTP."""
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _answers(f"{self.url}/login/"):
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"daphne exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"daphne did not answer in {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
+                )
+            time.sleep(0.2)
+
+    def crash(self) -> None:
+        """SIGKILL, as a crashed or power-cut server: sockets drop without a close frame."""
+        self.process.kill()
+        self.process.wait(timeout=10)
 
 
 def _answers(url: str) -> bool:
@@ -128,24 +153,16 @@ def run_daphne(env: Mapping[str, str], log_path: Path) -> Iterator[LiveServer]:
         "webapp.asgi:application",
     ]  # fmt: skip
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
-        )
-    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path)
+    log_path.write_bytes(b"")
+    server = LiveServer(
+        f"http://127.0.0.1:{port}", None, log_path, command, full_env  # type: ignore[arg-type]
+    )
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _answers(f"{server.url}/login/"):
-            if process.poll() is not None:
-                raise RuntimeError(f"daphne exited with {process.returncode}:\n{server.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"daphne did not answer in {START_TIMEOUT_S:.0f} s:\n{server.log_tail()}"
-                )
-            time.sleep(0.2)
+        server.start()
         yield server
     finally:
-        stop_process(process)
+        if server.process is not None:
+            stop_process(server.process)
         wait_for_other_db_sessions_to_end()
 
 

@@ -313,3 +313,112 @@ def test_an_idle_chat_socket_stays_open(broken_server, browser):  # type: ignore
     start_session(page)
     page.wait_for_timeout(8_000)  # longer than the 5 s blocking read of the channel layer
     assert page.evaluate("() => [window.__wsOpen || 0, window.__wsClose || 0]") == [1, 0]
+
+
+# -- typed text is never discarded -------------------------------------------------------------
+def client_turns(session_id: int, text: str) -> int:
+    """How many client turns of the session say ``text`` (text is encrypted at rest, so
+    the rows are compared here, not in SQL)."""
+    turns = orm(lambda: list(Turn.objects.filter(session_id=session_id, role="client")))
+    return sum(turn.text == text for turn in turns)
+
+
+def test_typed_text_survives_a_reload_and_a_server_crash_and_is_stored_once(
+    tiny_server, browser
+):  # type: ignore[no-untyped-def]
+    profile = orm(make_client)
+    page = browser.new_page()
+    log_in(page, tiny_server.url, profile.user.username)
+    session_id = start_session(page)
+    box = page.get_by_label("Message")
+
+    # A draft survives a reload.
+    box.fill("half a thought")
+    page.reload()
+    page.wait_for_function("() => (window.__wsOpen || 0) > 0", timeout=WAIT_MS)
+    expect(box).to_have_value("half a thought")
+
+    # The server crashes (no close frame); a message sent meanwhile stays in the box.
+    tiny_server.crash()
+    page.wait_for_function("() => (window.__wsClose || 0) > 0", timeout=WAIT_MS)
+    expect(page.locator("#connection")).to_contain_text("connection was lost")
+    text = "I could not sleep again last night"
+    box.fill(text)
+    page.get_by_role("button", name="Send", exact=True).click()
+    expect(box).to_have_value(text)
+    expect(page.locator("#connection")).to_contain_text("kept in the box")
+    assert client_turns(session_id, text) == 0
+
+    # It comes back: the page reconnects, the message goes out once, the reply follows.
+    tiny_server.start()
+    client_turn = page.locator("#transcript .turn-client .text").last
+    expect(client_turn).to_have_text(text, timeout=WAIT_MS)
+    expect(box).to_have_value("")
+    expect(page.locator("#connection")).to_be_hidden()
+    expect(page.locator("#transcript .turn-counselor")).to_have_count(1, timeout=WAIT_MS)
+    assert client_turns(session_id, text) == 1
+
+
+@pytest.fixture
+def database_switch(transactional_db):  # type: ignore[no-untyped-def]
+    """Turns the test database away from every new connection and cuts the live server's
+    (PostgreSQL unreachable for the server), then lets them back in. The test process's
+    own connection is spared: pytest-django needs it to clean up."""
+    import psycopg
+    from django.db import connection
+
+    from webapp.counseling.tests.browser_support import database_url
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        keep = cursor.fetchone()[0]
+    db = connection.settings_dict
+    name = db["NAME"]
+    admin = psycopg.connect(
+        database_url({**db, "NAME": "postgres"}), autocommit=True, connect_timeout=10
+    )
+
+    class Switch:
+        def down(self) -> None:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> %s",
+                (name, keep),
+            )
+
+        def up(self) -> None:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+    switch = Switch()
+    try:
+        yield switch
+    finally:
+        switch.up()
+        admin.close()
+
+
+def test_a_message_refused_while_storage_is_down_stays_in_the_box_and_sends_once(
+    tiny_server, database_switch, browser
+):  # type: ignore[no-untyped-def]
+    profile = orm(make_client)
+    page = browser.new_page()
+    log_in(page, tiny_server.url, profile.user.username)
+    session_id = start_session(page)
+    box = page.get_by_label("Message")
+    text = "It has been a hard week at home"
+
+    database_switch.down()
+    box.fill(text)
+    page.get_by_role("button", name="Send", exact=True).click()
+    expect(page.locator("#status [role=alert]")).to_contain_text(
+        "could not be saved", timeout=WAIT_MS
+    )
+    expect(box).to_have_value(text)  # refused before it was stored: the words are kept
+
+    database_switch.up()
+    page.get_by_role("button", name="Send", exact=True).click()  # same text, same id
+    expect(page.locator("#transcript .turn-client .text").last).to_have_text(text)
+    expect(box).to_have_value("")
+    expect(page.locator("#transcript .turn-counselor")).to_have_count(1, timeout=WAIT_MS)
+    assert client_turns(session_id, text) == 1

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -34,7 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from cryptography.fernet import Fernet
+from playwright.sync_api import expect, sync_playwright
 from websockets.asyncio.client import connect
 
 from webapp.counseling.tests.browser_support import CHROMIUM, chromium, free_port
@@ -131,38 +135,58 @@ def embedded_pids(data_dir: Path) -> list[int]:
     return pids
 
 
+def services(data_dir: Path, action: str) -> subprocess.CompletedProcess[str]:
+    """``scripts/services.py up|down`` for this data folder (``up`` finds what runs)."""
+    return subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "scripts/services.py", action],
+        cwd=ROOT,
+        env={"PATH": CLEAN_PATH, "PSYEVO_DATA_DIR": str(data_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.fixture
-def up(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Up]:
-    data_dir = tmp_path / "data"
-    port = free_port()
-    log = tmp_path / "bin-up.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            ["bash", "bin/up"],
-            cwd=ROOT,
-            env=clean_env(data_dir, port, tiny_model_dir),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # so a failed test can still end the whole tree
-        )
-    running = Up(process, log, data_dir, f"http://127.0.0.1:{port}/")
+def launch(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callable[..., Up]]:
+    """Start ``bin/up`` from a clean shell (plus ``extra`` settings); ended on teardown
+    however the test went, with its embedded services."""
+    started: list[Up] = []
+
+    def start(**extra: str) -> Up:
+        data_dir = tmp_path / "data"
+        port = free_port()
+        log = tmp_path / "bin-up.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                ["bash", "bin/up"],
+                cwd=ROOT,
+                env={**clean_env(data_dir, port, tiny_model_dir), **extra},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # so a failed test can still end the whole tree
+            )
+        started.append(Up(process, log, data_dir, f"http://127.0.0.1:{port}/"))
+        return started[-1]
+
     try:
-        yield running
+        yield start
     finally:
-        if process.poll() is None:
-            for pid in descendants(process.pid):
-                with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-                    os.kill(pid, signal.SIGKILL)
-            process.kill()
-            process.wait(timeout=30)
-        subprocess.run(
-            [str(ROOT / ".venv/bin/python"), "scripts/services.py", "down"],
-            cwd=ROOT,
-            env={"PATH": CLEAN_PATH, "PSYEVO_DATA_DIR": str(data_dir)},
-            capture_output=True,
-            timeout=60,
-        )
+        for running in started:
+            process = running.process
+            if process.poll() is None:
+                for pid in descendants(process.pid):
+                    with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                        os.kill(pid, signal.SIGKILL)
+                process.kill()
+                process.wait(timeout=30)
+            services(running.data_dir, "down")
+
+
+@pytest.fixture
+def up(launch: Callable[..., Up]) -> Up:
+    return launch()
 
 
 async def one_turn(base_ws: str, session_id: int, web: Web) -> str:
@@ -227,16 +251,29 @@ def test_bin_up_starts_serves_a_turn_and_stops_from_a_clean_shell(up: Up) -> Non
     assert not left, f"left behind: {left}\n" + up.output()[-3000:]
     services = embedded_pids(up.data_dir)
     assert all(alive(pid) for pid in services)  # services outlive Ctrl-C, by design
-    down = subprocess.run(
-        [str(ROOT / ".venv/bin/python"), "scripts/services.py", "down"],
-        cwd=ROOT,
-        env={"PATH": CLEAN_PATH, "PSYEVO_DATA_DIR": str(up.data_dir)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    down = services(up.data_dir, "down")
     assert down.returncode == 0, down.stderr
     assert not any(alive(pid) for pid in services), down.stderr
+
+
+def test_in_production_bin_up_creates_no_account_and_prints_no_password(
+    launch: Callable[..., Up],
+) -> None:
+    up = launch(
+        DEBUG="false",
+        SECRET_KEY=Fernet.generate_key().decode() * 2,
+        ALLOWED_HOSTS="127.0.0.1",
+        PSYEVO_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
+    )
+    up.wait_for("healthy /healthz", lambda: healthz(up.url) is not None)
+    output = up.output()
+    assert "Demo accounts" not in output and not DEMO_LINE.search(output), output[:3000]
+    exports = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in services(up.data_dir, "up").stdout.splitlines()
+    )
+    with psycopg.connect(shlex.split(exports["DATABASE_URL"])[0]) as conn:
+        assert conn.execute("SELECT count(*) FROM accounts_user").fetchone() == (0,)
 
 
 # Installed before any page script: every text the status line shows, in order, so a test
@@ -268,8 +305,6 @@ def test_a_newcomer_logs_in_with_a_printed_demo_account_and_sees_progress_then_a
 ) -> None:
     """Fresh database -> demo account printed by bin/up -> log in -> "My choices" -> session
     -> the page shows the counselor at work within a second of Send -> the reply."""
-    from playwright.sync_api import expect, sync_playwright
-
     up.wait_for("healthy /healthz", lambda: healthz(up.url) is not None)
     accounts = DEMO_LINE.findall(up.output())
     username, password = next((name, pw) for role, name, pw in accounts if role == "client")

@@ -105,6 +105,8 @@ class CounselorConfig:
     # The paper's Table 3 ablations (simulation lab); True keeps the component.
     use_hbsp: bool = True  # False: skill from the shared table Q only, posteriors never updated
     use_soca: bool = True  # False: raw-score preferences and unprojected credit
+    # Eq. 12 from binary criterion votes (the paper) or soft probabilities (judge.py).
+    judge_votes: str = "binary"
 
     def __post_init__(self) -> None:
         if self.n_candidates < 1:
@@ -117,6 +119,8 @@ class CounselorConfig:
             raise ValueError("rating_weight: must lie in [0, 1]")
         if self.max_message_chars < 1 or self.backend_timeout_s <= 0:
             raise ValueError("max_message_chars and backend_timeout_s must be positive")
+        if self.judge_votes not in soca.VOTES:
+            raise ValueError(f"judge_votes: expected one of {soca.VOTES}, got {self.judge_votes!r}")
         if self.candidate_strategy not in ("sample", "mctsr"):
             raise ValueError(
                 f"candidate_strategy: expected 'sample' or 'mctsr', got {self.candidate_strategy!r}"
@@ -338,8 +342,8 @@ class Counselor:
     ) -> None:
         self.backend = backend
         self.prior = prior or PriorTable.load_default()
-        self.judge = judge or Judge(backend)
         self.config = config or CounselorConfig()
+        self.judge = judge or Judge(backend, votes=self.config.judge_votes)
         self.client: ClientState | None = None
         self.adapter_version: str | None = None
         self.turns: list[TurnRecord] = []

@@ -25,12 +25,55 @@ _XI_TOLERANCE = 1e-16  # bisection bracket width for the Eq. 8 shift
 Scores = Sequence[float] | np.ndarray
 
 
-def support_share(judgments: Sequence[float], weights: Sequence[float]) -> float:
-    """Eq. 12: weighted share of criteria that favour the original candidate i.
+VOTES = ("binary", "soft")  # how a criterion's A/B probabilities enter Eq. 12
+DEFAULT_VOTES = "binary"
 
-    ``judgments`` may be binary (the paper's z) or soft values in [0, 1], e.g. a judge's
-    token probability that criterion l favours i. For independent criteria, the soft form
-    is the expectation of Eq. 12, since the share is linear in each z.
+
+def criterion_vote(p_i: float, p_j: float) -> float | None:
+    """The binary z of Eq. 12 for one criterion in one order: 1.0 when the judge gives
+    the original candidate i the higher probability, 0.0 when it gives j the higher one,
+    None (no vote) on an exact tie."""
+    p_i, p_j = _validate.finite("p_i", p_i), _validate.finite("p_j", p_j)
+    if p_i > p_j:
+        return 1.0
+    if p_i < p_j:
+        return 0.0
+    return None
+
+
+def vote_share(votes: Sequence[float | None], weights: Sequence[float]) -> float:
+    """Eq. 12 on binary votes: the weighted share of the voting criteria that favour i.
+
+    Choice (paper silent: Eq. 12 is stated for a complete binary vector): a criterion
+    whose two probabilities tie exactly casts no vote, so its weight leaves both the
+    numerator and the denominator; the share then reads "of the criteria that took a
+    side, how much weight took i's". A tie therefore never counts for either candidate,
+    and the shares of i and j still sum to 1. When no criterion votes the share is 0.5,
+    which Eq. 7 turns into no edge.
+    """
+    w = _validate.vector("weights", weights)
+    if len(votes) != w.size or w.size == 0:
+        raise ValueError(f"weights: length {w.size} does not match votes ({len(votes)})")
+    if (w <= 0.0).any():
+        raise ValueError("weights: every weight must be > 0")
+    cast = [(float(wl), v) for wl, v in zip(w, votes, strict=True) if v is not None]
+    if any(v not in (0.0, 1.0) for _, v in cast):
+        raise ValueError("votes: each vote must be 1.0, 0.0 or None")
+    if not cast:
+        return 0.5
+    total = sum(wl for wl, _ in cast)
+    return float(np.clip(sum(wl * v for wl, v in cast) / total, 0.0, 1.0))
+
+
+def support_share(judgments: Sequence[float], weights: Sequence[float]) -> float:
+    """Eq. 12 as a weighted mean of z over all criteria.
+
+    With binary ``judgments`` this is the paper's Eq. 12 for a complete vote vector.
+    With soft values in [0, 1] (a judge's probability that criterion l favours i) it is
+    the "soft" variant: for independent criteria, the expectation of Eq. 12, since the
+    share is linear in each z. It is NOT the default (see :func:`vote_share`): averaging
+    probabilities pulls p toward 0.5 whenever the judge is unsure on every criterion, so
+    c_ij of Eq. 7 shrinks, fewer edges clear the floor and every LiPO weight changes.
     """
     z = _validate.unit_vector("judgments", judgments)
     w = _validate.vector("weights", weights)

@@ -129,7 +129,8 @@ async def test_no_soca_turn_records_raw_edges_and_delivers_by_raw_share() -> Non
         backend = FakeBackend(["zero", "one", "two"]).script_probabilities(
             *[UNIFORM] * 3, *pairwise
         )
-        c = counselor(backend, n_candidates=3, use_soca=use_soca)
+        # Soft Eq. 12 shares, so each pair's two orders carry the graded values above.
+        c = counselor(backend, n_candidates=3, use_soca=use_soca, judge_votes="soft")
         c.start_session(client(), None)
         group = (await turn(c, "I feel anxious about work")).group
         assert group is not None

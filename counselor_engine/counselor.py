@@ -743,16 +743,24 @@ def shared_only_decision(
 
 
 def _raw_support(support: dict[tuple[int, int], tuple[float, float]], i: int, j: int) -> float:
-    """Mean of the two presentation orders: P(i preferred), with no agreement check."""
-    forward, backward = support[(i, j)]
-    return 0.5 * (float(forward) + float(backward))
+    """The raw single-order score: i's support share (Eq. 12) in the forward order only.
+
+    Choice (paper: "raw-score preferences replace consistency-checked candidate
+    preferences", App. C Table 9): the no-SOCA variant reads each pair once, as a judge
+    without SOCA would, so the second presentation order is ignored rather than averaged
+    in (averaging is itself a position-bias correction, i.e. part of what is ablated).
+    The forward order (lower index shown as A) is the one read. The judge still asks both
+    orders, so the stored evidence has the same shape in every variant.
+    """
+    forward, _backward = support[(i, j)]
+    return float(forward)
 
 
 def raw_preference_edges(
     n: int, support: dict[tuple[int, int], tuple[float, float]]
 ) -> list[soca.Edge]:
-    """No-SOCA ablation: a preference for every pair whose mean two-order support leans
-    either way, weight |2 p - 1|; no consistency check, no floor, no cycle removal."""
+    """No-SOCA ablation: a preference for every pair whose single-order raw score leans
+    either way, weight |2 p - 1|; no second order, no floor, no cycle removal."""
     edges = []
     for i, j in sorted(support):
         p = _raw_support(support, i, j)
@@ -765,8 +773,8 @@ def raw_preference_edges(
 def raw_delivered(
     n: int, support: dict[tuple[int, int], tuple[float, float]], pointwise: Sequence[float]
 ) -> int:
-    """No-SOCA delivery: highest mean raw support against the others, then pointwise
-    score, then lower index."""
+    """No-SOCA delivery: highest total single-order raw support against the others, then
+    pointwise score, then lower index."""
     share = [0.0] * n
     for i, j in support:
         p = _raw_support(support, i, j)

@@ -379,3 +379,67 @@ def projected_session_reward(history: Scores, *, scale: float = SCALE) -> float:
     if values.size == 1:
         return float(values[0])
     return ordinal_projection(values, scale=scale)[-1]
+
+
+# --- Which sessions may move the posterior (paper, H.7) ------------------------------------
+
+SKIP_JUDGE_FAILED = "judge_failed"
+SKIP_TOO_FEW_JUDGED = "too_few_judged_turns"
+SKIP_ALL_TIED = "all_tied"
+SKIP_RULES = (SKIP_JUDGE_FAILED, SKIP_TOO_FEW_JUDGED, SKIP_ALL_TIED)
+MIN_JUDGED_TURNS = 2
+
+
+@dataclass(frozen=True)
+class EvidenceCheck:
+    """The record a session keeps of whether its outcomes may reach Eq. 4.
+
+    ``judged``: turns with a judged outcome R_t; ``variance``: the population variance of
+    those outcomes (None when there are none); ``skip``: the rule that fired, or "" when
+    the evidence is sound.
+    """
+
+    judged: int
+    variance: float | None
+    skip: str = ""
+
+    @property
+    def sound(self) -> bool:
+        return not self.skip
+
+    def to_dict(self) -> dict[str, object]:
+        return {"judged": self.judged, "variance": self.variance, "skip": self.skip}
+
+
+def check_session_evidence(
+    outcomes: Sequence[float | None], *, judge_failed: bool = False
+) -> EvidenceCheck:
+    """Decide whether a session's turn outcomes may update any posterior cell.
+
+    ``outcomes`` holds one entry per realized turn: the judged R_t, or None where no
+    outcome was judged (the last turn has no client reaction; a safety turn made no skill
+    decision). Imputed values must never be passed in: they are exactly what H.7 warns
+    about (an archived run with 725 rewards equal to 0.5 updated posteriors from nothing).
+
+    Rules, first match wins (choices where the paper is silent, beyond H.7's "record the
+    variance and skip" for a fully tied group):
+    1. ``judge_failed``: the judge raised or timed out for the session, so no outcome is
+       trustworthy, whatever was read before the failure.
+    2. ``too_few_judged_turns``: fewer than 2 judged outcomes. Eq. 8 needs T > 1 for any
+       ordinal level (T = 1 gives l = 0), so one outcome carries no order to project.
+    3. ``all_tied``: every judged outcome is exactly equal: no recoverable strict order
+       (H.7). Ties are exact float equality, like Eq. 8's midranks; outcomes that differ
+       by any amount are ordered (Proposition 1: Eq. 8 sees only their order), so
+       near-ties are sound and get the full ordinal spread.
+    The variance is recorded in every case, so a reviewer can see how compressed the
+    scores were.
+    """
+    judged = [_validate.unit("outcomes", v) for v in outcomes if v is not None]
+    variance = float(np.var(judged)) if judged else None
+    if judge_failed:
+        return EvidenceCheck(len(judged), variance, SKIP_JUDGE_FAILED)
+    if len(judged) < MIN_JUDGED_TURNS:
+        return EvidenceCheck(len(judged), variance, SKIP_TOO_FEW_JUDGED)
+    if min(judged) == max(judged):
+        return EvidenceCheck(len(judged), 0.0, SKIP_ALL_TIED)  # not np.var's rounding
+    return EvidenceCheck(len(judged), variance)

@@ -199,6 +199,23 @@ def _approve_locked(
     _sync_serving_on_commit(current.pk, retired)
 
 
+def supersede_if_stale(version: AdapterVersion) -> str:
+    """A version that just reached the gate (the worker's hand-off) while its parent had
+    stopped being active (a sibling was approved, or a rollback, during training) is
+    superseded at once rather than waiting for a clinician to try. Returns the reason,
+    or "" when it is approvable (or no longer pending)."""
+    with transaction.atomic():
+        _lock_scope()
+        current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        active = active_version()
+        if current.status != Status.PENDING_APPROVAL or current.parent_id == (
+            active.pk if active else None
+        ):
+            return ""
+        reasons = _supersede_locked([current], active, None)
+    return reasons[0] if reasons else ""
+
+
 def reject(version: AdapterVersion, clinician: User, reason: str) -> AdapterVersion:
     """Reject a pending version (reason required); its reserved evidence goes back to
     the buffer for later rounds. The active version is untouched."""
@@ -277,7 +294,7 @@ def _activate_locked(version: AdapterVersion, actor: User, now: datetime) -> lis
     return retired
 
 
-def _supersede_stale_locked(active: AdapterVersion, actor: User) -> list[str]:
+def _supersede_stale_locked(active: AdapterVersion, actor: User | None) -> list[str]:
     """Mark every pending version not trained from ``active`` (just activated) superseded
     (caller holds the scope lock). Returns the reasons."""
     stale = list(
@@ -289,7 +306,7 @@ def _supersede_stale_locked(active: AdapterVersion, actor: User) -> list[str]:
 
 
 def _supersede_locked(
-    versions: list[AdapterVersion], active: AdapterVersion | None, actor: User
+    versions: list[AdapterVersion], active: AdapterVersion | None, actor: User | None
 ) -> list[str]:
     """pending_approval -> superseded for ``versions``, each with its reason; return each
     one's reserved evidence to the buffer, then queue a round from the active version if
@@ -300,6 +317,13 @@ def _supersede_locked(
     for version in versions:
         parent = version.parent.name if version.parent else "the base model"
         now_active = active.name if active else "the base model"
+        updated = AdapterVersion.objects.filter(
+            pk=version.pk, status=Status.PENDING_APPROVAL
+        ).update(status=Status.SUPERSEDED)
+        if updated != 1:
+            # Nothing got updated: decided meanwhile (only a writer that skips the scope
+            # lock could do that); leave it and its evidence as they are.
+            continue
         run = TrainingRun.objects.filter(output_version=version).first()
         returned = return_evidence(run) if run is not None else 0
         reason = (
@@ -307,13 +331,7 @@ def _supersede_locked(
             f"approving it would drop the active update. Superseded; {returned} evidence "
             f"groups returned to the buffer for a round from {now_active}."
         )
-        updated = AdapterVersion.objects.filter(
-            pk=version.pk, status=Status.PENDING_APPROVAL
-        ).update(status=Status.SUPERSEDED, decision_note=reason)
-        if updated != 1:
-            # Nothing got updated: decided meanwhile (only a writer that skips the scope
-            # lock could do that); leave it as it is.
-            continue
+        AdapterVersion.objects.filter(pk=version.pk).update(decision_note=reason)
         audit.record(
             actor, "adapter.supersede", target=_target(version), parent=parent,
             active=now_active, returned=returned,

@@ -185,3 +185,32 @@ def test_two_clinicians_approving_siblings_at_once_activate_exactly_one(siblings
     assert sorted(statuses.values()) == ["active", "superseded"]
     winner = next(n for n, o in outcomes.items() if o == "approved")
     assert statuses[winner] == "active"
+
+
+@pytest.mark.django_db
+def test_a_round_whose_parent_is_replaced_while_it_trains_is_superseded_at_hand_off(
+    lipo_settings, tmp_path, monkeypatch
+):  # type: ignore[no-untyped-def]
+    """The round claims its batch from the base model; before it reaches the gate a
+    clinician activates another version. The output is superseded at once."""
+    from training_worker import round as lipo_round
+
+    make_evidence()
+    run = TrainingRun.objects.create(trigger="test")
+    other = make_version("side", "approved", write_adapter_files(tmp_path / "side", b"side"))
+    original = lipo_round._hand_off
+
+    def activate_meanwhile(fence, version, report):  # type: ignore[no-untyped-def]
+        services.rollback(other, ClinicianFactory(), "activated while the round trained")
+        return original(fence, version, report)
+
+    monkeypatch.setattr(lipo_round, "_hand_off", activate_meanwhile)
+
+    assert lipo_round.run_round(run.pk) == "stale_parent"
+
+    run.refresh_from_db()
+    version = run.output_version
+    assert run.status == "succeeded" and version.parent is None
+    assert version.status == "superseded"
+    assert "trained from the base model, but side is active" in version.decision_note
+    assert set(CandidateGroup.objects.values_list("buffer_status", flat=True)) == {Buffer.AVAILABLE}

@@ -645,8 +645,8 @@ class Counselor:
         self._ended = True
         observed, judge_failed = await self._turn_outcomes()
         evidence = soca.check_session_evidence(observed, judge_failed=judge_failed)
-        judged = [t for t, v in enumerate(observed) if v is not None and not judge_failed]
-        values = [float(observed[t]) for t in judged]  # type: ignore[arg-type]
+        judged = [] if judge_failed else [(t, v) for t, v in enumerate(observed) if v is not None]
+        values = [v for _, v in judged]
         internal = sum(values) / len(values) if values else 0.5
         reward = internal
         if rating is not None:
@@ -665,7 +665,7 @@ class Counselor:
             else:  # ablation: the raw outcomes and reward, no Eq. 8
                 projected = reward
                 returns = unprojected_returns(values, reward, gamma=self.config.gamma)
-            for t, G in zip(judged, returns, strict=True):
+            for (t, _), G in zip(judged, returns, strict=True):
                 credit[t] = G
                 turn = self.turns[t]
                 if not self.config.use_hbsp or turn.skill is None or turn.state_slot is None:

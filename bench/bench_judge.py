@@ -251,7 +251,7 @@ async def vote_rules(backend: TransformersBackend, groups: int) -> dict[str, Any
     judge = Judge(backend)  # type: ignore[arg-type]
     weights = [c.weight for c in judge.criteria]
     counts: dict[str, dict[str, float]] = {
-        rule: {"pairs": 0, "clear": 0, "admitted": 0, "weight": 0.0, "agree": 0}
+        rule: {"pairs": 0, "clear": 0, "admitted": 0, "weight": 0.0, "agree": 0, "lean": 0.0}
         for rule in soca.VOTES
     }
     ties = readings = 0
@@ -268,6 +268,7 @@ async def vote_rules(backend: TransformersBackend, groups: int) -> dict[str, Any
             tally = counts[rule]
             for p_f, p_b in support.values():
                 tally["pairs"] += 1
+                tally["lean"] += abs(2 * p_f - 1) + abs(2 * p_b - 1)
                 verdict = soca.edge_strength(p_f, p_b)
                 tally["agree"] += verdict is not None
                 tally["clear"] += verdict is not None and verdict[1] >= soca.FLOOR
@@ -282,16 +283,20 @@ def votes_body(name: str, result: dict[str, Any]) -> str:
     for rule in soca.VOTES:
         t = result["counts"][rule]
         mean = t["weight"] / t["admitted"] if t["admitted"] else 0.0
+        lean = t["lean"] / (2 * t["pairs"]) if t["pairs"] else 0.0
         label = "binary votes (default)" if rule == "binary" else "soft probabilities"
-        rows.append(_row(label, f"{t['pairs']:.0f}", f"{t['agree']:.0f}",
+        rows.append(_row(label, f"{t['pairs']:.0f}", f"{lean:.3f}", f"{t['agree']:.0f}",
                          f"**{t['clear']:.0f}**", f"{t['admitted']:.0f}", f"{mean:.3f}"))  # fmt: skip
     table = "\n".join(rows)
     return f"""Model `{name}`: {result["groups"]} judged groups of N = {N} candidates (the same
 readings under both rules; {result["ties"]} of {result["readings"]} criterion readings were
-exact ties, i.e. no vote). Floor {soca.FLOOR}.
+exact ties, i.e. no vote). Floor {soca.FLOOR}. "Lean": the mean single-order margin
+|2 p - 1| of a support share; "orders agree": both orders strictly on the same side of 0.5,
+which Eq. 7 needs before any strength (a judge that always prefers the reply shown first,
+or second, agrees on no pair under either rule).
 
-| Eq. 12 rule | pairs | orders agree | c_ij >= floor | admitted edges | mean weight |
-| --- | --- | --- | --- | --- | --- |
+| Eq. 12 rule | pairs | lean | orders agree | c_ij >= floor | admitted edges | mean weight |
+| --- | --- | --- | --- | --- | --- | --- |
 {table}
 """
 

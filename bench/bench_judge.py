@@ -22,6 +22,13 @@ always measured. ``--plain-blocks 0`` times everything.
 Last, a whole ``Counselor.respond`` turn (graph mode, N = 5, ``--tokens`` new tokens) with
 the shared path, and the time its judge calls took inside it.
 Figures go to bench/RESULTS.md (section "judge (<model>)").
+
+Eq. 12 votes (``--vote-groups``, default 4; ``--votes-only`` skips the timing): the judge
+reads ``--vote-groups`` groups once (the five candidates, rotated, under different client
+messages); from those SAME readings the support shares are computed with binary votes
+(the default) and with soft probabilities, and we count, per rule, the pairs whose
+two-order edge strength c_ij (Eq. 7) clears the 0.1 floor, the edges the acyclic graph
+admits, and their mean weight. Section "judge votes (<model>)".
 """
 
 from __future__ import annotations
@@ -42,9 +49,10 @@ from typing import Any
 import torch
 
 from bench._results import write_section
+from counselor_engine import soca
 from counselor_engine.backends.base import GenerationParams, Prompt
 from counselor_engine.backends.transformers_backend import TransformersBackend
-from counselor_engine.judge import Judge, JudgeContext
+from counselor_engine.judge import Judge, JudgeContext, pair_support
 
 N = 5
 HISTORY = (
@@ -86,6 +94,12 @@ CANDIDATES = (
     "the criticism stung the most, and what you said to yourself right after it happened?",
 )
 MESSAGES = ("My manager criticises everything I do and I lie awake going over it.",)
+VOTE_MESSAGES = (
+    "My manager criticises everything I do, and now I lie awake at night going over it.",
+    "I snapped at my partner again last night and I hate how I get when I am this tired.",
+    "Everyone tells me to just relax, but the worry starts the moment I wake up.",
+    "I keep thinking I will be fired, even though nobody has said anything like that.",
+)
 PER_BLOCK = 12  # prompts per (pair, order): one per criterion
 
 
@@ -232,8 +246,72 @@ async def one_turn(backend: TransformersBackend, tokens: int, turns: int) -> dic
     return {"wall": statistics.median(walls), "judge": statistics.median(judge)}
 
 
+async def vote_rules(backend: TransformersBackend, groups: int) -> dict[str, Any]:
+    """Judge ``groups`` groups once; count edges over the floor under both Eq. 12 rules."""
+    judge = Judge(backend)  # type: ignore[arg-type]
+    weights = [c.weight for c in judge.criteria]
+    counts: dict[str, dict[str, float]] = {
+        rule: {"pairs": 0, "clear": 0, "admitted": 0, "weight": 0.0, "agree": 0, "lean": 0.0}
+        for rule in soca.VOTES
+    }
+    ties = readings = 0
+    for g in range(groups):
+        context = JudgeContext(HISTORY, VOTE_MESSAGES[g % len(VOTE_MESSAGES)], CONTEXT.skill_name,
+                               CONTEXT.skill_instruction)  # fmt: skip
+        shift = g % N
+        candidates = CANDIDATES[shift:] + CANDIDATES[:shift]
+        judged = await judge.judge_group(context, candidates)
+        ties += sum(jd.vote is None for jd in judged.judgments)
+        readings += len(judged.judgments)
+        for rule in soca.VOTES:
+            support = pair_support(judged.judgments, weights, votes=rule)
+            tally = counts[rule]
+            for p_f, p_b in support.values():
+                tally["pairs"] += 1
+                tally["lean"] += abs(2 * p_f - 1) + abs(2 * p_b - 1)
+                verdict = soca.edge_strength(p_f, p_b)
+                tally["agree"] += verdict is not None
+                tally["clear"] += verdict is not None and verdict[1] >= soca.FLOOR
+            edges = soca.build_preference_graph(N, support, group_id=f"bench-{g}")
+            tally["admitted"] += len(edges)
+            tally["weight"] += sum(e.weight for e in edges)
+    return {"groups": groups, "counts": counts, "ties": ties, "readings": readings}
+
+
+def votes_body(name: str, result: dict[str, Any]) -> str:
+    rows = []
+    for rule in soca.VOTES:
+        t = result["counts"][rule]
+        mean = t["weight"] / t["admitted"] if t["admitted"] else 0.0
+        lean = t["lean"] / (2 * t["pairs"]) if t["pairs"] else 0.0
+        label = "binary votes (default)" if rule == "binary" else "soft probabilities"
+        rows.append(_row(label, f"{t['pairs']:.0f}", f"{lean:.3f}", f"{t['agree']:.0f}",
+                         f"**{t['clear']:.0f}**", f"{t['admitted']:.0f}", f"{mean:.3f}"))  # fmt: skip
+    table = "\n".join(rows)
+    return f"""Model `{name}`: {result["groups"]} judged groups of N = {N} candidates (the same
+readings under both rules; {result["ties"]} of {result["readings"]} criterion readings were
+exact ties, i.e. no vote). Floor {soca.FLOOR}. "Lean": the mean single-order margin
+|2 p - 1| of a support share; "orders agree": both orders strictly on the same side of 0.5,
+which Eq. 7 needs before any strength (a judge that always prefers the reply shown first,
+or second, agrees on no pair under either rule).
+
+| Eq. 12 rule | pairs | lean | orders agree | c_ij >= floor | admitted edges | mean weight |
+| --- | --- | --- | --- | --- | --- | --- |
+{table}
+"""
+
+
 async def main_async(args: argparse.Namespace) -> None:
     load_start = _load()
+    if args.votes_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            name, path = _model_path(args.model, Path(tmp))
+            backend = TransformersBackend(path, num_threads=args.threads)
+            result = await vote_rules(backend, args.vote_groups)
+        body = votes_body(name, result)
+        print(body)
+        write_section(f"judge votes ({name})", body)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         name, path = _model_path(args.model, Path(tmp))
         backend = TransformersBackend(path, num_threads=args.threads)
@@ -245,6 +323,7 @@ async def main_async(args: argparse.Namespace) -> None:
         judged = await judge_pass(backend, args.reps, blocks)
         turn = await one_turn(backend, args.tokens, args.turns) if args.turns else None
         total = time.perf_counter() - started
+        votes = await vote_rules(backend, args.vote_groups) if args.vote_groups else None
     j = judged
     est = " (est.)" if j["plain_full_estimated"] else ""
     what = (
@@ -300,6 +379,9 @@ Largest |plain - shared| over all probabilities: {j["diff"]:.1e}.
 """
     print(body)
     write_section(f"judge ({name})", body)
+    if votes is not None:
+        print(votes_body(name, votes))
+        write_section(f"judge votes ({name})", votes_body(name, votes))
 
 
 def main() -> None:
@@ -316,6 +398,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--turns", type=int, default=1, help="Counselor turns to time (0: none)")
+    parser.add_argument("--vote-groups", type=int, default=4,
+                        help="groups judged for the Eq. 12 vote comparison (0: none)")  # fmt: skip
+    parser.add_argument("--votes-only", action="store_true", help="only the vote comparison")
     asyncio.run(main_async(parser.parse_args()))
 
 

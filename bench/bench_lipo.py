@@ -16,6 +16,15 @@ Each measurement runs in its own subprocess (peak memory = the kernel's VmHWM, r
 before the measured step), one after the other in this one run. The full round runs the
 real ``run_round`` against a throwaway PostgreSQL database (``test_<db>_lipobench``),
 dropped afterwards. Figures go to bench/RESULTS.md (section "LiPO round").
+
+The three objectives of Table 3 on the same batch (``--objectives-only`` runs just this;
+section "LiPO objectives (<model>)"): each group gets two-order supports whose SOCA graph
+(Eq. 7, floor 0.1) is exactly its 320-edge batch graph (the pairs the batch leaves out
+disagree between orders). From the same groups and model: LiPO (Eq. 5-6: SOCA weights,
+per-group normalisation), pairwise DPO (every SOCA edge a unit-weight pair, mean over
+all pairs) and no-SOCA (Eq. 5-6 over the raw single-order edges). For each: pairs used,
+their weight sum, loss and gradient norm at step 0, loss after one step, and after one
+step how many of the 320 SOCA pairs the policy ranks right (h_w > h_l).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -34,6 +44,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench._results import write_section  # noqa: E402  (after the path fix above)
 
 MODALITIES = ("cbt", "bt", "het", "pdt", "pmt")
 N_CANDIDATES = 5
@@ -100,6 +112,39 @@ def build_groups(prompt_words: int, reply_words: int, seed: int = 0) -> list[dic
             })  # fmt: skip
     assert sum(len(g["edges"]) for g in groups) == 320
     return groups
+
+
+def batch_supports(
+    groups: list[dict[str, Any]], seed: int = 0
+) -> list[dict[tuple[int, int], tuple[float, float]]]:
+    """Per group, (p_forward, p_backward) for every pair whose SOCA graph is the group's
+    edges: an edge w > l of weight c gets the two orders (1 + c) / 2 and a little more
+    (in random order); a pair with no edge gets orders that disagree."""
+    from counselor_engine.soca import build_preference_graph
+
+    rng = random.Random(seed)
+    out = []
+    for g in groups:
+        support: dict[tuple[int, int], tuple[float, float]] = {}
+        strengths = {(e["winner"], e["loser"]): e["weight"] for e in g["edges"]}
+        for i in range(N_CANDIDATES):
+            for j in range(i + 1, N_CANDIDATES):
+                if (i, j) in strengths or (j, i) in strengths:
+                    c = float(strengths[(i, j)] if (i, j) in strengths else strengths[(j, i)])
+                    low, high = (1 + c) / 2, (1 + c) / 2 + rng.uniform(0, (1 - c) / 2)
+                    pair = (low, high) if rng.random() < 0.5 else (high, low)
+                    if (j, i) in strengths:
+                        pair = (1 - pair[0], 1 - pair[1])
+                else:
+                    lean = rng.uniform(0.05, 0.45)
+                    pair = (0.5 + lean, 0.5 - rng.uniform(0.05, 0.45))
+                    if rng.random() < 0.5:
+                        pair = (pair[1], pair[0])
+                support[(i, j)] = pair
+        graph = build_preference_graph(N_CANDIDATES, support, floor=0.1, group_id=g["key"])
+        assert {(e.winner, e.loser) for e in graph} == set(strengths), g["key"]
+        out.append(support)
+    return out
 
 
 # -- memory -----------------------------------------------------------------------------
@@ -321,7 +366,93 @@ def _bench_evidence(args: argparse.Namespace) -> None:
         )  # fmt: skip
 
 
-WORKERS = {"ours": worker_ours, "trl": worker_trl, "round": worker_round}
+def worker_objectives(args: argparse.Namespace) -> dict[str, Any]:
+    """LiPO, pairwise DPO and no-SOCA on one batch, each from the same fresh adapter."""
+    from counselor_engine.counselor import raw_preference_edges
+    from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
+
+    raw_groups = build_groups(args.prompt_words, args.reply_words)
+    supports = batch_supports(raw_groups)
+
+    def train_groups(no_soca: bool) -> list[TrainGroup]:
+        return [
+            TrainGroup(
+                g["key"], g["modality"], g["prompt"], g["candidates"],
+                raw_preference_edges(N_CANDIDATES, support) if no_soca
+                else to_edges(g["edges"], N_CANDIDATES),
+            )
+            for g, support in zip(raw_groups, supports, strict=True)
+        ]  # fmt: skip
+
+    soca_groups = train_groups(no_soca=False)
+    results: dict[str, Any] = {}
+    for name, loss, groups in (
+        ("lipo", "lipo", soca_groups),
+        ("pairwise_dpo", "pairwise_dpo", soca_groups),
+        ("no_soca", "lipo", train_groups(no_soca=True)),
+    ):
+        config = TrainConfig(
+            rank=RANK, learning_rate=args.objective_lr, steps=1, beta=BETA,
+            max_length=args.max_length, micro_batch_tokens=args.micro_batch_tokens, loss=loss,
+        )  # fmt: skip
+        trainer = LipoTrainer(args.model, parent=None, config=config, device="cpu")
+        prepared = trainer.prepare(groups)
+        reference = trainer.reference(prepared)
+        first = trainer.step(prepared, reference)
+        second = trainer.step(prepared, reference)  # the loss after the first update
+        h = trainer.utilities(prepared, reference)
+        right = sum(
+            float(u[e.winner] - u[e.loser]) > 0
+            for u, g in zip(h, soca_groups, strict=True)
+            for e in g.edges
+        )
+        results[name] = {
+            "pairs": sum(len(g.edges) for g in groups),
+            "weight": (
+                float(sum(len(g.edges) for g in groups))
+                if loss == "pairwise_dpo"
+                else sum(e.weight for g in groups for e in g.edges)
+            ),
+            "loss0": first.loss,
+            "grad0": first.grad_norm,
+            "loss1": second.loss,
+            "right": right,
+            "log2": math.log(2),
+        }
+    return results
+
+
+def objectives_body(args: argparse.Namespace, res: dict[str, Any]) -> str:
+    labels = {
+        "lipo": "LiPO (Eq. 5-6: SOCA weights, per-group mean)",
+        "pairwise_dpo": "pairwise DPO (every SOCA edge, weight 1, mean over pairs)",
+        "no_soca": "no-SOCA (Eq. 5-6 on raw single-order edges)",
+    }
+    rows = "\n".join(
+        f"| {labels[k]} | {r['pairs']} | {r['weight']:.1f} | {r['loss0']:.4f} | "
+        f"{r['grad0']:.3e} | {r['loss1']:.4f} | {r['right']}/320 |"
+        for k, r in res.items()
+    )
+    header = (
+        "| objective | pairs | weight sum | loss, step 0 | grad norm, step 0 "
+        "| loss after 1 step | SOCA pairs ranked right after 1 step |"
+    )
+    return f"""Model `{Path(args.model).name}`, CPU, LoRA rank {RANK}, beta {BETA}, lr {args.objective_lr},
+one AdamW step from the same fresh adapter. Batch: 35 groups x {N_CANDIDATES} candidates (320 SOCA
+edges, 64 per modality; weights as trained); the no-SOCA variant reads the same groups' forward order only, so it
+trains every pair (10 per group) with weight |2 p_forward - 1|.
+
+{header}
+|---|---|---|---|---|---|---|
+{rows}
+
+At step 0 the policy equals the reference (h = 0), so pairwise DPO's loss is log 2 =
+{math.log(2):.4f} per pair, while LiPO's is log 2 times the mean per-group weight.
+"""
+
+
+WORKERS = {"ours": worker_ours, "trl": worker_trl, "round": worker_round,
+           "objectives": worker_objectives}  # fmt: skip
 
 
 # -- orchestration ----------------------------------------------------------------------
@@ -331,7 +462,7 @@ def spawn(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", name, "--model", args.model,
            "--prompt-words", str(args.prompt_words), "--reply-words", str(args.reply_words),
            "--max-length", str(args.max_length), "--micro-batch-tokens", str(args.micro_batch_tokens),
-           "--scratch", args.scratch]  # fmt: skip
+           "--scratch", args.scratch, "--objective-lr", str(args.objective_lr)]  # fmt: skip
     print(f"[bench] {name} ...", file=sys.stderr, flush=True)
     started = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
@@ -433,6 +564,10 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--scratch", default="")
+    parser.add_argument("--objectives-only", action="store_true",
+                        help="only the three Table 3 objectives on the same batch")  # fmt: skip
+    parser.add_argument("--objective-lr", type=float, default=1e-3,
+                        help="learning rate of the objectives comparison's one step")  # fmt: skip
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args)))
@@ -444,14 +579,19 @@ def main() -> None:
         if args.quick:
             args.model, args.prompt_words, args.reply_words = "tiny", 12, 8
         args.model = resolve_model(args.model, Path(scratch))
+        objectives = spawn("objectives", args)
+        name = "tiny" if args.quick or args.model.endswith("tiny-model") else Path(args.model).name
+        section = objectives_body(args, objectives)
+        print(section)
+        write_section(f"LiPO objectives ({name})", section)
+        if args.objectives_only:
+            return
         ours = spawn("ours", args)
         trl = spawn("trl", args)
         rnd = spawn("round", args)
     body = report(args, ours, trl, rnd)
     print(body)
     if not args.quick:
-        from bench._results import write_section
-
         write_section("LiPO round", body)
 
 

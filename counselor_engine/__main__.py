@@ -159,7 +159,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     outcome = asyncio.run(counselor.end_session(rating))
     print(
         f"session reward {outcome.session_reward:.3f}; {len(outcome.posterior_updates)} posterior "
-        f"updates; {len(outcome.recap)} memory items",
+        f"updates{f' (skipped: {outcome.evidence.skip})' if outcome.evidence.skip else ''}; "
+        f"{len(outcome.recap)} memory items",
         file=sys.stderr,
     )
     client_file.parent.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,8 @@ class CounselorConfig:
     # at a chat page: the judge then runs one backend call per candidate shown as A
     # instead of one for the group (judge.py); headless runs keep the one call.
     report_progress: bool = False
+    # Eq. 12 from binary criterion votes (the paper) or soft probabilities (judge.py).
+    judge_votes: str = "binary"
 
     def __post_init__(self) -> None:
         if self.n_candidates < 1:
@@ -121,6 +123,8 @@ class CounselorConfig:
             raise ValueError("rating_weight: must lie in [0, 1]")
         if self.max_message_chars < 1 or self.backend_timeout_s <= 0:
             raise ValueError("max_message_chars and backend_timeout_s must be positive")
+        if self.judge_votes not in soca.VOTES:
+            raise ValueError(f"judge_votes: expected one of {soca.VOTES}, got {self.judge_votes!r}")
         if self.candidate_strategy not in ("sample", "mctsr"):
             raise ValueError(
                 f"candidate_strategy: expected 'sample' or 'mctsr', got {self.candidate_strategy!r}"
@@ -313,14 +317,23 @@ class SessionRating:
 
 @dataclass
 class SessionOutcome:
-    turn_outcomes: list[float]
+    """A session's end. ``turn_outcomes`` and ``credit`` are aligned with the turns; None
+    where a turn has no judged outcome (or, for credit, when the session was skipped).
+    ``evidence`` records whether the outcomes were sound enough to reach Eq. 4
+    (:func:`counselor_engine.soca.check_session_evidence`); ``reward_observed`` is False
+    when the session reward is only the neutral 0.5 (no rating, nothing judged): it then
+    joins no reward history."""
+
+    turn_outcomes: list[float | None]
     internal_reward: float
     rating: SessionRating | None
     session_reward: float
     projected_session_reward: float
-    credit: list[float]
+    credit: list[float | None]
     posterior_updates: list[PosteriorUpdate]
     recap: list[MemoryItem]
+    evidence: soca.EvidenceCheck = field(default_factory=lambda: soca.EvidenceCheck(0, None))
+    reward_observed: bool = True
 
 
 @cache
@@ -355,8 +368,8 @@ class Counselor:
     ) -> None:
         self.backend = backend
         self.prior = prior or PriorTable.load_default()
-        self.judge = judge or Judge(backend)
         self.config = config or CounselorConfig()
+        self.judge = judge or Judge(backend, votes=self.config.judge_votes)
         self.client: ClientState | None = None
         self.adapter_version: str | None = None
         self.turns: list[TurnRecord] = []
@@ -667,71 +680,90 @@ class Counselor:
     async def end_session(self, rating: SessionRating | None = None) -> SessionOutcome:
         """Credit, posterior updates and memory recap (paper Alg. 1 lines 14-15, 21).
 
+        1. Judge R_t for every turn that has a skill decision and a client reaction.
+        2. :func:`soca.check_session_evidence` (H.7): a failed judge, fewer than two
+           judged turns or all-tied outcomes update NO posterior cell; the record (rule,
+           variance) goes into the outcome either way.
+        3. Sound sessions: Eq. 8-9 over the judged turns, in order, with the projected
+           session reward; one Eq. 4 update per judged turn with a skill.
+
         Choices where the paper is silent:
-        - R_t of the last counselor turn has no client reaction to judge: it takes the mean
-          of the observed outcomes (0.5 when there are none), i.e. no evidence either way.
-        - Safety turns (no skill decision) take part in credit propagation with the same
-          neutral value but update no posterior cell.
+        - Only judged outcomes enter Eq. 8-9. The last counselor turn (no client reaction
+          to judge) and safety turns (no skill decision) are left out of the trajectory:
+          no credit, no update, and no imputed value in anyone else's ranks or returns.
         - The session reward is rating_weight * normalised SRS + (1 - rating_weight) *
-          mean turn outcome when the client rated the session; otherwise the mean outcome.
-        - A judge failure at session end leaves every outcome neutral (0.5): credit then
-          carries only the session reward; the session still ends.
+          mean judged outcome when the client rated the session; otherwise the mean
+          judged outcome. With nothing judged the internal reward is a neutral 0.5, and
+          an unrated session then has no observed reward: it joins no reward history
+          (``reward_observed`` False), so it cannot shift a later r_session either.
+        - A judge failure at session end still ends the session (and writes the recap).
         """
         client = self.client
         if client is None or self._ended:
             raise RuntimeError("no session is running")
         self._ended = True
-        outcomes = await self._turn_outcomes()
-        internal = sum(outcomes) / len(outcomes) if outcomes else 0.5
+        observed, judge_failed = await self._turn_outcomes()
+        evidence = soca.check_session_evidence(observed, judge_failed=judge_failed)
+        judged = [] if judge_failed else [(t, v) for t, v in enumerate(observed) if v is not None]
+        values = [v for _, v in judged]
+        internal = sum(values) / len(values) if values else 0.5
         reward = internal
         if rating is not None:
             w = self.config.rating_weight
             reward = w * rating.normalised() + (1.0 - w) * internal
+        reward_observed = rating is not None or bool(values)
         history = [*client.session_rewards, reward]
         projected = soca.projected_session_reward(history, scale=self.config.ordinal_scale)
-        credit = (
-            soca.trajectory_returns(
-                outcomes, projected, scale=self.config.ordinal_scale, gamma=self.config.gamma
-            )
-            if outcomes
-            else []
-        )
-        if not self.config.use_soca:  # ablation: the raw outcomes and reward, no Eq. 8
-            projected = reward
-            credit = unprojected_returns(outcomes, reward, gamma=self.config.gamma)
+        credit: list[float | None] = [None] * len(self.turns)
         updates = []
-        for turn, G in zip(self.turns, credit, strict=True):
-            if not self.config.use_hbsp or turn.skill is None or turn.state_slot is None:
-                continue
-            if turn.shared_value is None:
-                continue
-            updates.append(
-                client.posterior.update(turn.state_slot, turn.skill, G, turn.shared_value)
-            )
-        client.session_rewards.append(reward)
+        if evidence.sound:
+            if self.config.use_soca:
+                returns = soca.trajectory_returns(
+                    values, projected, scale=self.config.ordinal_scale, gamma=self.config.gamma
+                )
+            else:  # ablation: the raw outcomes and reward, no Eq. 8
+                projected = reward
+                returns = unprojected_returns(values, reward, gamma=self.config.gamma)
+            for (t, _), G in zip(judged, returns, strict=True):
+                credit[t] = G
+                turn = self.turns[t]
+                if not self.config.use_hbsp or turn.skill is None or turn.state_slot is None:
+                    continue
+                if turn.shared_value is None:
+                    continue
+                updates.append(
+                    client.posterior.update(turn.state_slot, turn.skill, G, turn.shared_value)
+                )
+        elif not self.config.use_soca:
+            projected = reward
+        if reward_observed:
+            client.session_rewards.append(reward)
         recap = await self._recap()
-        return SessionOutcome(outcomes, internal, rating, reward, projected, credit, updates, recap)
+        outcomes = [None if judge_failed else v for v in observed]
+        return SessionOutcome(
+            outcomes, internal, rating, reward, projected, credit, updates, recap,
+            evidence=evidence, reward_observed=reward_observed,
+        )  # fmt: skip
 
-    async def _turn_outcomes(self) -> list[float]:
-        if not self.turns:
-            return []
+    async def _turn_outcomes(self) -> tuple[list[float | None], bool]:
+        """R_t per turn (None: not judged) and whether the judge failed."""
         observed: list[float | None] = [None] * len(self.turns)
+        pairs = [
+            (t, self.turns[t].reply, self.turns[t + 1].client_text)
+            for t in range(len(self.turns) - 1)
+            if self.turns[t].skill is not None
+        ]
+        if not pairs:
+            return observed, False
         try:
-            pairs = [
-                (t, self.turns[t].reply, self.turns[t + 1].client_text)
-                for t in range(len(self.turns) - 1)
-                if self.turns[t].skill is not None
-            ]
             values = await self._timed(
                 self.judge.turn_outcomes([(reply, nxt) for _, reply, nxt in pairs])
             )
-            for (t, _, _), value in zip(pairs, values, strict=True):
-                observed[t] = value
         except (BackendError, TimeoutError, ValueError):
-            observed = [None] * len(self.turns)
-        seen = [v for v in observed if v is not None]
-        neutral = sum(seen) / len(seen) if seen else 0.5
-        return [neutral if v is None else v for v in observed]
+            return observed, True
+        for (t, _, _), value in zip(pairs, values, strict=True):
+            observed[t] = value
+        return observed, False
 
     async def _recap(self) -> list[MemoryItem]:
         assert self.client is not None
@@ -798,16 +830,24 @@ def shared_only_decision(
 
 
 def _raw_support(support: dict[tuple[int, int], tuple[float, float]], i: int, j: int) -> float:
-    """Mean of the two presentation orders: P(i preferred), with no agreement check."""
-    forward, backward = support[(i, j)]
-    return 0.5 * (float(forward) + float(backward))
+    """The raw single-order score: i's support share (Eq. 12) in the forward order only.
+
+    Choice (paper: "raw-score preferences replace consistency-checked candidate
+    preferences", App. C Table 9): the no-SOCA variant reads each pair once, as a judge
+    without SOCA would, so the second presentation order is ignored rather than averaged
+    in (averaging is itself a position-bias correction, i.e. part of what is ablated).
+    The forward order (lower index shown as A) is the one read. The judge still asks both
+    orders, so the stored evidence has the same shape in every variant.
+    """
+    forward, _backward = support[(i, j)]
+    return float(forward)
 
 
 def raw_preference_edges(
     n: int, support: dict[tuple[int, int], tuple[float, float]]
 ) -> list[soca.Edge]:
-    """No-SOCA ablation: a preference for every pair whose mean two-order support leans
-    either way, weight |2 p - 1|; no consistency check, no floor, no cycle removal."""
+    """No-SOCA ablation: a preference for every pair whose single-order raw score leans
+    either way, weight |2 p - 1|; no second order, no floor, no cycle removal."""
     edges = []
     for i, j in sorted(support):
         p = _raw_support(support, i, j)
@@ -820,8 +860,8 @@ def raw_preference_edges(
 def raw_delivered(
     n: int, support: dict[tuple[int, int], tuple[float, float]], pointwise: Sequence[float]
 ) -> int:
-    """No-SOCA delivery: highest mean raw support against the others, then pointwise
-    score, then lower index."""
+    """No-SOCA delivery: highest total single-order raw support against the others, then
+    pointwise score, then lower index."""
     share = [0.0] * n
     for i, j in support:
         p = _raw_support(support, i, j)

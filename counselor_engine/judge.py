@@ -4,15 +4,21 @@ Every judgment is read from next-token probabilities (P("A") vs P("B"); P("1".."
 never parsed from free text, so a judgment is a number even when the model rambles.
 
 1. Pairwise (paper Eq. 12): for each unordered pair {i, j}, each presentation order and
-   each of the twelve criteria, the backend gives P(A). Mapped back to candidate identity,
-   z = P(i preferred) in that order; the support share p_ij^o is the weighted mean of z
-   over criteria (:func:`counselor_engine.soca.support_share`). All prompts of a group go
-   to the backend in ONE batched call, unless the caller asks for progress: then one call
-   per reply shown as A (its prompts share the context and reply A, so prefix sharing
-   keeps most of its gain), and after each the caller hears how many of the N(N-1)
-   ordered comparisons are done. A person waiting tens of seconds for a judged reply on
-   a small CPU sees real progress instead of a silent page (the context prefix is then
-   computed N times instead of once).
+   each of the twelve criteria, the backend gives P(A) and P(B). Mapped back to candidate
+   identity, each criterion casts a binary vote z (the side with the higher probability;
+   an exact tie is no vote), and the support share p_ij^o is the weighted share of the
+   votes that favour i (:func:`counselor_engine.soca.vote_share`): ``votes="binary"``, the
+   default and the paper's definition. ``votes="soft"`` averages the probabilities
+   themselves (:func:`counselor_engine.soca.support_share`); it is kept as a named
+   setting (``PSYEVO_JUDGE_VOTES=soft``) only to measure what it changes (bench_judge):
+   a small judge's P(A) sits near 0.5 on every criterion, so soft shares shrink c_ij
+   toward 0 and fewer edges clear the 0.1 floor. All prompts of a group go to the backend
+   in ONE batched call, unless the caller asks for progress: then one call per reply
+   shown as A (its prompts share the context and reply A, so prefix sharing keeps most
+   of its gain), and after each the caller hears how many of the N(N-1) ordered
+   comparisons are done. A person waiting tens of seconds for a judged reply on a small
+   CPU sees real progress instead of a silent page (the context prefix is then computed
+   N times instead of once: 1.14x the judge's time, bench/bench_progress.py).
 2. Pointwise: the expectation of the 1-5 digit distribution, per candidate (one call).
 3. Turn outcome R_t in [0, 1]: after the client's next message, four aspects (emotional
    change, willingness to disclose, collaboration, concrete progress) each rated 1-5;
@@ -35,7 +41,7 @@ from itertools import combinations
 from pathlib import Path
 
 from counselor_engine.backends.base import Backend, ChatMessage
-from counselor_engine.soca import support_share
+from counselor_engine.soca import VOTES, criterion_vote, support_share, vote_share
 
 PROMPTS = Path(__file__).with_name("prompts")
 # Told (done, total) ordered comparisons: once with 0 before the first, then after each
@@ -89,6 +95,7 @@ class PairJudgment:
     criterion: str
     p_a: float
     z_i: float  # P(candidate i preferred) in this order
+    vote: float | None = None  # binary z: 1.0 favours i, 0.0 favours j, None a tie
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -98,6 +105,7 @@ class PairJudgment:
             "criterion": self.criterion,
             "p_a": self.p_a,
             "z_i": self.z_i,
+            "vote": self.vote,
         }
 
 
@@ -108,6 +116,38 @@ class GroupJudgment:
     judgments: list[PairJudgment] = field(default_factory=list)
     admissible: bool = True
     problem: str = ""
+
+
+def pair_support(
+    judgments: Sequence[PairJudgment], weights: Sequence[float], *, votes: str = "binary"
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """Eq. 12 per pair and order from stored readings: ``(p_forward, p_backward)``.
+
+    ``judgments`` come in :meth:`Judge.judge_group`'s layout (per pair: the forward
+    criteria, then the backward ones). Pure, so the benchmark can compare both vote
+    rules on the same judged groups without asking the model again.
+    """
+    if votes not in VOTES:
+        raise ValueError(f"votes: expected one of {', '.join(VOTES)}, got {votes!r}")
+    per = len(weights)
+    if per == 0 or len(judgments) % (2 * per):
+        raise ValueError("judgments: expected whole (pair, two orders x criteria) blocks")
+    support: dict[tuple[int, int], tuple[float, float]] = {}
+    for index in range(0, len(judgments), 2 * per):
+        fwd = judgments[index : index + per]
+        bwd = judgments[index + per : index + 2 * per]
+        if votes == "binary":
+            shares = (
+                vote_share([jd.vote for jd in fwd], weights),
+                vote_share([jd.vote for jd in bwd], weights),
+            )
+        else:
+            shares = (
+                support_share([jd.z_i for jd in fwd], weights),
+                support_share([jd.z_i for jd in bwd], weights),
+            )
+        support[(fwd[0].i, fwd[0].j)] = shares
+    return support
 
 
 def _finite(values: Sequence[float]) -> bool:
@@ -144,7 +184,11 @@ class Judge:
         criteria: Sequence[Criterion] | None = None,
         context_chars: int = 1200,
         response_chars: int = 800,
+        votes: str = "binary",
     ) -> None:
+        if votes not in VOTES:
+            raise ValueError(f"votes: expected one of {', '.join(VOTES)}, got {votes!r}")
+        self.votes = votes
         self.backend = backend
         self.criteria = tuple(criteria) if criteria is not None else default_criteria()
         if not self.criteria:
@@ -198,10 +242,14 @@ class Judge:
         shown_as_a = [i if order == "forward" else j for i, j, order, _ in keys]
         probs = await self._pairwise(prompts, shown_as_a, n, on_progress)
         judgments: list[PairJudgment] = []
-        for (i, j, order, criterion), (p_a, _p_b) in zip(keys, probs, strict=True):
+        for (i, j, order, criterion), (p_a, p_b) in zip(keys, probs, strict=True):
             z_i = p_a if order == "forward" else 1.0 - p_a
-            judgments.append(PairJudgment(i, j, order, criterion.id, float(p_a), float(z_i)))
-        if not _finite([jd.p_a for jd in judgments]):
+            vote = None
+            if _finite([p_a, p_b]):
+                p_i, p_j = (p_a, p_b) if order == "forward" else (p_b, p_a)
+                vote = criterion_vote(float(p_i), float(p_j))
+            judgments.append(PairJudgment(i, j, order, criterion.id, float(p_a), float(z_i), vote))
+        if not _finite([float(p) for row in probs for p in row[:2]]):
             return GroupJudgment(
                 support={},
                 pointwise=pointwise,
@@ -210,15 +258,7 @@ class Judge:
                 problem="non-finite pairwise probability",
             )
         weights = [c.weight for c in self.criteria]
-        support: dict[tuple[int, int], tuple[float, float]] = {}
-        per = len(self.criteria)
-        for index in range(0, len(judgments), 2 * per):
-            fwd = judgments[index : index + per]
-            bwd = judgments[index + per : index + 2 * per]
-            support[(fwd[0].i, fwd[0].j)] = (
-                support_share([jd.z_i for jd in fwd], weights),
-                support_share([jd.z_i for jd in bwd], weights),
-            )
+        support = pair_support(judgments, weights, votes=self.votes)
         admissible = _finite(pointwise)
         return GroupJudgment(
             support=support,

@@ -30,6 +30,26 @@ def group_loss(h: torch.Tensor, edges: Sequence[Edge]) -> torch.Tensor:
     The sum is divided by the number of retained edges, not by the weight sum (App. C.1).
     Differentiable in ``h``; the edges and weights are fixed data.
     """
+    return _edge_terms(h, edges).sum() / len(edges)
+
+
+def pairwise_dpo_loss(groups: Sequence[tuple[torch.Tensor, Sequence[Edge]]]) -> torch.Tensor:
+    """The pairwise-DPO ablation (paper Sec. 2.3 and Table 3): every SOCA edge i > j is one
+    preferred/dispreferred pair with unit weight, and the loss is the plain mean of
+    softplus(-(h_i - h_j)) over ALL pairs of the batch.
+
+    Against Eq. 5-6 this drops both things LiPO adds: the SOCA strengths w_ij (each pair
+    counts 1) and the per-group normalisation (a group with 10 edges weighs 10 times a
+    group with one). For a single unit-weight edge the two objectives coincide.
+    """
+    if isinstance(groups, str) or not isinstance(groups, Sequence) or len(groups) == 0:
+        raise ValueError("groups: empty")
+    terms = [_edge_terms(h, edges, unit=True) for h, edges in groups]
+    return torch.cat(terms).mean()
+
+
+def _edge_terms(h: torch.Tensor, edges: Sequence[Edge], *, unit: bool = False) -> torch.Tensor:
+    """w_ij softplus(-(h_i - h_j)) per edge (w = 1 when ``unit``), after checking both."""
     _check_utilities(h)
     if isinstance(edges, str) or not isinstance(edges, Sequence) or len(edges) == 0:
         raise ValueError("edges: empty group")
@@ -47,9 +67,11 @@ def group_loss(h: torch.Tensor, edges: Sequence[Edge]) -> torch.Tensor:
         losers.append(loser)
         weights.append(_validate.positive("edges.weight", edge.weight))
     index = torch.tensor([winners, losers], dtype=torch.long, device=h.device)
-    w = torch.tensor(weights, dtype=h.dtype, device=h.device)
     margins = h[index[0]] - h[index[1]]
-    return (w * F.softplus(-margins)).sum() / len(edges)
+    if unit:
+        return F.softplus(-margins)
+    w = torch.tensor(weights, dtype=h.dtype, device=h.device)
+    return w * F.softplus(-margins)
 
 
 def _check_utilities(h: torch.Tensor) -> None:

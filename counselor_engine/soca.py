@@ -25,12 +25,55 @@ _XI_TOLERANCE = 1e-16  # bisection bracket width for the Eq. 8 shift
 Scores = Sequence[float] | np.ndarray
 
 
-def support_share(judgments: Sequence[float], weights: Sequence[float]) -> float:
-    """Eq. 12: weighted share of criteria that favour the original candidate i.
+VOTES = ("binary", "soft")  # how a criterion's A/B probabilities enter Eq. 12
+DEFAULT_VOTES = "binary"
 
-    ``judgments`` may be binary (the paper's z) or soft values in [0, 1], e.g. a judge's
-    token probability that criterion l favours i. For independent criteria, the soft form
-    is the expectation of Eq. 12, since the share is linear in each z.
+
+def criterion_vote(p_i: float, p_j: float) -> float | None:
+    """The binary z of Eq. 12 for one criterion in one order: 1.0 when the judge gives
+    the original candidate i the higher probability, 0.0 when it gives j the higher one,
+    None (no vote) on an exact tie."""
+    p_i, p_j = _validate.finite("p_i", p_i), _validate.finite("p_j", p_j)
+    if p_i > p_j:
+        return 1.0
+    if p_i < p_j:
+        return 0.0
+    return None
+
+
+def vote_share(votes: Sequence[float | None], weights: Sequence[float]) -> float:
+    """Eq. 12 on binary votes: the weighted share of the voting criteria that favour i.
+
+    Choice (paper silent: Eq. 12 is stated for a complete binary vector): a criterion
+    whose two probabilities tie exactly casts no vote, so its weight leaves both the
+    numerator and the denominator; the share then reads "of the criteria that took a
+    side, how much weight took i's". A tie therefore never counts for either candidate,
+    and the shares of i and j still sum to 1. When no criterion votes the share is 0.5,
+    which Eq. 7 turns into no edge.
+    """
+    w = _validate.vector("weights", weights)
+    if len(votes) != w.size or w.size == 0:
+        raise ValueError(f"weights: length {w.size} does not match votes ({len(votes)})")
+    if (w <= 0.0).any():
+        raise ValueError("weights: every weight must be > 0")
+    cast = [(float(wl), v) for wl, v in zip(w, votes, strict=True) if v is not None]
+    if any(v not in (0.0, 1.0) for _, v in cast):
+        raise ValueError("votes: each vote must be 1.0, 0.0 or None")
+    if not cast:
+        return 0.5
+    total = sum(wl for wl, _ in cast)
+    return float(np.clip(sum(wl * v for wl, v in cast) / total, 0.0, 1.0))
+
+
+def support_share(judgments: Sequence[float], weights: Sequence[float]) -> float:
+    """Eq. 12 as a weighted mean of z over all criteria.
+
+    With binary ``judgments`` this is the paper's Eq. 12 for a complete vote vector.
+    With soft values in [0, 1] (a judge's probability that criterion l favours i) it is
+    the "soft" variant: for independent criteria, the expectation of Eq. 12, since the
+    share is linear in each z. It is NOT the default (see :func:`vote_share`): averaging
+    probabilities pulls p toward 0.5 whenever the judge is unsure on every criterion, so
+    c_ij of Eq. 7 shrinks, fewer edges clear the floor and every LiPO weight changes.
     """
     z = _validate.unit_vector("judgments", judgments)
     w = _validate.vector("weights", weights)
@@ -336,3 +379,67 @@ def projected_session_reward(history: Scores, *, scale: float = SCALE) -> float:
     if values.size == 1:
         return float(values[0])
     return ordinal_projection(values, scale=scale)[-1]
+
+
+# --- Which sessions may move the posterior (paper, H.7) ------------------------------------
+
+SKIP_JUDGE_FAILED = "judge_failed"
+SKIP_TOO_FEW_JUDGED = "too_few_judged_turns"
+SKIP_ALL_TIED = "all_tied"
+SKIP_RULES = (SKIP_JUDGE_FAILED, SKIP_TOO_FEW_JUDGED, SKIP_ALL_TIED)
+MIN_JUDGED_TURNS = 2
+
+
+@dataclass(frozen=True)
+class EvidenceCheck:
+    """The record a session keeps of whether its outcomes may reach Eq. 4.
+
+    ``judged``: turns with a judged outcome R_t; ``variance``: the population variance of
+    those outcomes (None when there are none); ``skip``: the rule that fired, or "" when
+    the evidence is sound.
+    """
+
+    judged: int
+    variance: float | None
+    skip: str = ""
+
+    @property
+    def sound(self) -> bool:
+        return not self.skip
+
+    def to_dict(self) -> dict[str, object]:
+        return {"judged": self.judged, "variance": self.variance, "skip": self.skip}
+
+
+def check_session_evidence(
+    outcomes: Sequence[float | None], *, judge_failed: bool = False
+) -> EvidenceCheck:
+    """Decide whether a session's turn outcomes may update any posterior cell.
+
+    ``outcomes`` holds one entry per realized turn: the judged R_t, or None where no
+    outcome was judged (the last turn has no client reaction; a safety turn made no skill
+    decision). Imputed values must never be passed in: they are exactly what H.7 warns
+    about (an archived run with 725 rewards equal to 0.5 updated posteriors from nothing).
+
+    Rules, first match wins (choices where the paper is silent, beyond H.7's "record the
+    variance and skip" for a fully tied group):
+    1. ``judge_failed``: the judge raised or timed out for the session, so no outcome is
+       trustworthy, whatever was read before the failure.
+    2. ``too_few_judged_turns``: fewer than 2 judged outcomes. Eq. 8 needs T > 1 for any
+       ordinal level (T = 1 gives l = 0), so one outcome carries no order to project.
+    3. ``all_tied``: every judged outcome is exactly equal: no recoverable strict order
+       (H.7). Ties are exact float equality, like Eq. 8's midranks; outcomes that differ
+       by any amount are ordered (Proposition 1: Eq. 8 sees only their order), so
+       near-ties are sound and get the full ordinal spread.
+    The variance is recorded in every case, so a reviewer can see how compressed the
+    scores were.
+    """
+    judged = [_validate.unit("outcomes", v) for v in outcomes if v is not None]
+    variance = float(np.var(judged)) if judged else None
+    if judge_failed:
+        return EvidenceCheck(len(judged), variance, SKIP_JUDGE_FAILED)
+    if len(judged) < MIN_JUDGED_TURNS:
+        return EvidenceCheck(len(judged), variance, SKIP_TOO_FEW_JUDGED)
+    if min(judged) == max(judged):
+        return EvidenceCheck(len(judged), 0.0, SKIP_ALL_TIED)  # not np.var's rounding
+    return EvidenceCheck(len(judged), variance)

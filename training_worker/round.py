@@ -49,6 +49,7 @@ from webapp.learning.services import (
     release_expired_leases,
     return_evidence,
     servable_path,
+    supersede_if_stale,
 )
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,9 @@ def _fail_locked(run: TrainingRun, error: str) -> None:
 
 def run_round(run_id: int, *, progress: Progress | None = None) -> str:
     """Run one attempt of round ``run_id``. Returns the outcome: ``pending_approval``,
-    ``failed``, ``skipped``, ``noop`` or ``superseded``. Never raises for a failed round:
+    ``stale_parent`` (its output was superseded at once: the active version changed while
+    it trained), ``failed``, ``skipped``, ``noop`` or ``superseded`` (another attempt owns
+    the run). Never raises for a failed round:
     the run row records the error and the evidence goes back to the buffer."""
     release_expired_leases()
     attempt = begin_attempt(run_id)
@@ -336,7 +339,14 @@ def _execute(fence: Fence, progress: Progress) -> str:
     report.update(run=fence.run_id, attempt=fence.attempt, parent=parent.name if parent else None)
     progress("validate", 1, 1)
     clock.stop()
-    return _hand_off(fence, version, report)
+    outcome = _hand_off(fence, version, report)
+    if outcome == "pending_approval" and supersede_if_stale(version):
+        # The active version changed while we trained (issue 19): the output can never be
+        # approved; its evidence is back in the buffer and a round from the active
+        # version may have been queued. (Not "superseded": that outcome means another
+        # attempt owns this run.)
+        return "stale_parent"
+    return outcome
 
 
 def arena_spec(candidate: AdapterVersion, path: Path) -> ArenaSpec:

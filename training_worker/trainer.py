@@ -35,7 +35,7 @@ import torch
 
 from counselor_engine.backends.base import ChatMessage
 from counselor_engine.backends.transformers_backend import render_prompt, response_logprobs
-from counselor_engine.lipo import population_loss
+from counselor_engine.lipo import pairwise_dpo_loss, population_loss
 from counselor_engine.soca import Edge
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -55,7 +55,7 @@ class TrainConfig:
     micro_batch_tokens: int = 8192  # padded tokens per forward pass
     target_modules: tuple[str, ...] = TARGET_MODULES
     seed: int = 0
-    loss: str = "lipo"  # or "pairwise_dpo" (the ablation; see dpo_pair)
+    loss: str = "lipo"  # or "pairwise_dpo" (the ablation; see LipoTrainer.batch_loss)
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -104,21 +104,6 @@ class Counters:
     padded_tokens: int = 0
     real_tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
-
-
-def dpo_pair(edges: Sequence[Edge]) -> list[Edge]:
-    """The pairwise-DPO ablation (paper Table 3): LiPO restricted to ONE pair per list.
-
-    The pair is the group's strongest SOCA edge (largest weight c_ij; among equal weights
-    the lowest ``(winner, loser)``), given weight 1, so Eq. 5 for the group becomes the
-    standard DPO loss ``softplus(-(h_w - h_l)) = -log sigmoid(h_w - h_l)`` with
-    ``h = beta * log(pi / pi_ref)``; Eq. 6 still averages over groups. Every other edge
-    of the graph is dropped, which is what the ablation measures.
-    """
-    if not edges:
-        raise ValueError("group has no edges")
-    best = min(edges, key=lambda e: (-e.weight, e.winner, e.loser))
-    return [Edge(best.winner, best.loser, 1.0)]
 
 
 def to_edges(raw: Sequence[dict[str, Any]] | Sequence[Edge], n: int) -> list[Edge]:
@@ -267,25 +252,27 @@ class LipoTrainer:
         """One AdamW step on Eq. 6 over the whole batch, accumulated over micro-batches.
 
         1. Per micro-batch (whole groups): policy log-probs with the adapter on.
-        2. h = beta * (policy - reference) per candidate (Eq. 5's utility); the loss's
-           edges: every SOCA edge (LiPO) or the one ``dpo_pair`` (pairwise DPO ablation).
-        3. The micro-batch's groups contribute population_loss(groups) * |mb| / |G|; the
-           sum over micro-batches is exactly Eq. 6's mean over all groups.
+        2. h = beta * (policy - reference) per candidate (Eq. 5's utility), on every
+           SOCA edge of the group.
+        3. The micro-batch contributes its share of the whole batch's objective
+           (:meth:`batch_loss`), so the sum over micro-batches is exactly Eq. 6 (LiPO)
+           or the mean over all pairs (pairwise DPO).
         4. Backward per micro-batch (gradients accumulate); then require a finite loss and
            gradient norm, else skip the update and report ``finite=False``.
         """
         self.optimizer.zero_grad(set_to_none=True)
         total, batches = 0.0, self.plan(prepared)
+        all_pairs = sum(len(p.group.edges) for p in prepared)
         padded0, real0 = self.counters.padded_tokens, self.counters.real_tokens
         for batch in batches:
             policy = self._logprobs([prepared[i] for i in batch])
             pairs = []
             for i, lp in self._per_group(prepared, batch, policy):
                 h = self.config.beta * (lp - reference[i].to(lp.device))
-                pairs.append((h, self.loss_edges(prepared[i].group)))
+                pairs.append((h, prepared[i].group.edges))
             if not all(bool(torch.isfinite(h.detach()).all()) for h, _ in pairs):
                 return self._not_finite(len(batches))
-            loss = population_loss(pairs) * (len(batch) / len(prepared))
+            loss = self.batch_loss(pairs, groups=len(prepared), pairs=all_pairs)
             loss.backward()
             total += float(loss.detach())
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -302,9 +289,21 @@ class LipoTrainer:
             real_tokens=self.counters.real_tokens - real0,
         )
 
-    def loss_edges(self, group: TrainGroup) -> Sequence[Edge]:
-        """The edges the configured loss trains on: all of them (LiPO) or one pair."""
-        return dpo_pair(group.edges) if self.config.loss == "pairwise_dpo" else group.edges
+    def batch_loss(
+        self, part: Sequence[tuple[torch.Tensor, Sequence[Edge]]], *, groups: int, pairs: int
+    ) -> torch.Tensor:
+        """This micro-batch's share of the objective over a batch of ``groups`` groups
+        holding ``pairs`` edges in all.
+
+        - ``lipo``: Eq. 6 restricted to the part, times |part| / groups (each group's
+          Eq. 5 loss weighs 1 / groups).
+        - ``pairwise_dpo``: the unit-weight pair mean over the part, times its pair count
+          / pairs (each pair weighs 1 / pairs, whatever group it came from).
+        """
+        if self.config.loss == "pairwise_dpo":
+            count = sum(len(edges) for _, edges in part)
+            return pairwise_dpo_loss(part) * (count / pairs)
+        return population_loss(part) * (len(part) / groups)
 
     def _not_finite(self, forwards: int) -> StepStats:
         self.optimizer.zero_grad(set_to_none=True)

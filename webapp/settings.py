@@ -306,6 +306,8 @@ PSYEVO_VLLM_MODEL = env_str("PSYEVO_VLLM_MODEL", "smollm2-135m-instruct")
 PSYEVO_SAFETY_LOCALE = env_str("PSYEVO_SAFETY_LOCALE", "en-US")
 PSYEVO_MODE = env_choice("PSYEVO_MODE", "graph", ("graph", "stream_first"))
 PSYEVO_CANDIDATES = env_int("PSYEVO_CANDIDATES", 5, minimum=1)
+# Eq. 12: "binary" criterion votes (the paper's z) or "soft" probabilities; see judge.py.
+PSYEVO_JUDGE_VOTES = env_choice("PSYEVO_JUDGE_VOTES", "binary", ("binary", "soft"))
 PSYEVO_MAX_NEW_TOKENS = env_int("PSYEVO_MAX_NEW_TOKENS", 160, minimum=1)
 PSYEVO_TEMPERATURE = env_float("PSYEVO_TEMPERATURE", 0.9, minimum=0.0)
 PSYEVO_TURN_BUDGET = env_int("PSYEVO_TURN_BUDGET", 12, minimum=1)

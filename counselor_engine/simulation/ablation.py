@@ -2,11 +2,13 @@
 
 - ``no_hbsp``: the shared skill table stays; client-private residuals and their updates go
   (``CounselorConfig.use_hbsp = False``).
-- ``no_soca``: raw-score preferences replace the consistency-checked acyclic graph and the
-  trajectory credit uses unprojected outcomes (``CounselorConfig.use_soca = False``).
+- ``no_soca``: raw single-order scores (the forward presentation order only, no two-order
+  check or average) replace the consistency-checked acyclic graph, and the trajectory
+  credit uses unprojected outcomes (``CounselorConfig.use_soca = False``).
 - ``no_lipo``: the adapter stays fixed (applied by the training side).
-- ``pairwise_dpo``: unit-weight pairwise DPO replaces the weighted group objective
-  (applied by the training side).
+- ``pairwise_dpo``: unit-weight pairwise DPO over every SOCA edge, averaged over all pairs
+  with no per-group normalisation, replaces the weighted group objective (applied by the
+  training side: ``counselor_engine.lipo.pairwise_dpo_loss``).
 
 Each variant removes one component and keeps every other learning path.
 """

@@ -75,14 +75,18 @@ async def test_a_two_session_course_learns_only_where_it_acted(tiny_transformers
     assert before == {}
     outcome = await counselor.end_session(SessionRating(8, 7, 9, 8))
     after = state.posterior.cells()
-    assert set(after) == set(chosen), "only cells whose skill was chosen may change"
+    # The last turn has no client reaction: not judged, so it updates nothing.
+    assert outcome.turn_outcomes[2] is None and outcome.credit[2] is None
+    assert set(after) == set(chosen[:2]), "only cells whose skill was chosen and judged change"
+    assert outcome.evidence.sound and outcome.evidence.judged == 2
     # Credit is Eq. 9 over the judged outcomes with the projected session reward.
-    expected = soca.trajectory_returns(outcome.turn_outcomes, outcome.projected_session_reward)
-    assert outcome.credit == pytest.approx(expected)
+    judged = outcome.turn_outcomes[:2]
+    expected = soca.trajectory_returns(judged, outcome.projected_session_reward)
+    assert outcome.credit[:2] == pytest.approx(expected)
     assert outcome.projected_session_reward == pytest.approx(
         outcome.session_reward
     )  # first session
-    assert [u.G for u in outcome.posterior_updates] == pytest.approx(outcome.credit)
+    assert [u.G for u in outcome.posterior_updates] == pytest.approx(outcome.credit[:2])
     assert outcome.recap, "a session always leaves a recap"
 
     # Session 2: the session-1 recap reaches the prompt through retrieval.
@@ -207,9 +211,14 @@ async def test_the_session_ends_even_when_the_model_is_down() -> None:
     await collect(counselor, "I worry about work")
     await collect(counselor, "and about money")
     backend.fail_always("*")
+    state = counselor.client
+    assert state is not None
     outcome = await counselor.end_session(None)
-    assert outcome.turn_outcomes == [0.5, 0.5]
-    assert len(outcome.posterior_updates) == 2
+    # H.7: a failed judge is recorded and skipped, never imputed as 0.5.
+    assert outcome.turn_outcomes == [None, None] and outcome.credit == [None, None]
+    assert outcome.posterior_updates == [] and state.posterior.cells() == {}
+    assert outcome.evidence.skip == "judge_failed"
+    assert not outcome.reward_observed and state.session_rewards == []
     assert outcome.recap  # the extractive fallback
 
 

@@ -52,9 +52,53 @@ async def test_it_maps_both_orders_back_to_the_candidates() -> None:
     backend = PreferringBackend("BEST")
     judged = await Judge(backend).judge_group(CONTEXT, ["plain", "BEST reply", "other"])
     assert judged.admissible
-    assert judged.support[(0, 1)] == pytest.approx((0.1, 0.1))  # candidate 0 loses in both orders
+    assert judged.support[(0, 1)] == (0.0, 0.0)  # every criterion votes against 0, both orders
+    assert judged.support[(1, 2)] == (1.0, 1.0)
+    assert judged.support[(0, 2)] == (0.0, 1.0)  # neither is best: A always loses
+
+
+async def test_soft_votes_average_the_probabilities_when_asked() -> None:
+    backend = PreferringBackend("BEST")
+    judge = Judge(backend, votes="soft")
+    judged = await judge.judge_group(CONTEXT, ["plain", "BEST reply", "other"])
+    assert judged.support[(0, 1)] == pytest.approx((0.1, 0.1))
     assert judged.support[(1, 2)] == pytest.approx((0.9, 0.9))
-    assert judged.support[(0, 2)] == pytest.approx((0.1, 0.9))  # neither is best: A always loses
+    assert judged.support[(0, 2)] == pytest.approx((0.1, 0.9))
+
+
+async def test_binary_votes_are_the_default_and_recorded_per_reading() -> None:
+    backend = PreferringBackend("BEST", margin=0.01)  # a judge that barely leans
+    judged = await Judge(backend).judge_group(CONTEXT, ["BEST", "plain"])
+    assert judged.support[(0, 1)] == (1.0, 1.0)
+    assert {jd.vote for jd in judged.judgments} == {1.0}
+    assert all(jd.to_dict()["vote"] == 1.0 for jd in judged.judgments)
+    soft = await Judge(backend, votes="soft").judge_group(CONTEXT, ["BEST", "plain"])
+    assert soft.support[(0, 1)] == pytest.approx((0.51, 0.51))
+
+
+class SplitBackend(PreferringBackend):
+    """Criterion x ties exactly; criterion y favours "BEST" by a hair."""
+
+    async def choice_probabilities(self, prompts, choices, *, adapter=None):  # type: ignore[no-untyped-def]
+        rows = await super().choice_probabilities(prompts, choices, adapter=adapter)
+        return [
+            [0.5, 0.5] if "Criterion: x?" in prompt[-1].content and len(row) == 2 else row
+            for prompt, row in zip(prompts, rows, strict=True)
+        ]
+
+
+async def test_an_exact_tie_is_no_vote_for_either_candidate() -> None:
+    criteria = [Criterion("x", 10.0, "x?"), Criterion("y", 1.0, "y?")]
+    backend = SplitBackend("BEST", margin=0.001)
+    judged = await Judge(backend, criteria=criteria).judge_group(CONTEXT, ["plain", "BEST"])
+    # The heavy tied criterion neither helps nor hurts: the light one decides alone.
+    assert judged.support[(0, 1)] == (0.0, 0.0)
+    assert [jd.vote for jd in judged.judgments if jd.criterion == "x"] == [None, None]
+
+
+def test_an_unknown_vote_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="votes"):
+        Judge(FakeBackend(), votes="majority")
 
 
 async def test_it_batches_all_pairs_and_orders_into_one_call() -> None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from counselor_engine.lipo import group_loss, population_loss, sample_batch
+from counselor_engine.lipo import group_loss, pairwise_dpo_loss, population_loss, sample_batch
 from counselor_engine.skills import MODALITIES
 from counselor_engine.soca import Edge
 
@@ -52,6 +52,21 @@ def test_groups_are_averaged_equally() -> None:
     big = (torch.tensor([0.0, 0.1, 0.3, -0.2]), [Edge(0, 1, 0.4), Edge(2, 3, 0.9), Edge(2, 1, 0.2)])
     expected = (group_loss(*small) + group_loss(*big)) / 2
     assert population_loss([small, big]).item() == pytest.approx(expected.item())
+
+
+def test_pairwise_dpo_is_the_unit_weight_mean_over_every_pair() -> None:
+    small = (torch.tensor([0.3, -0.2]), [Edge(0, 1, 0.9)])
+    big = (torch.tensor([1.0, 0.0, -0.5]), [Edge(0, 1, 0.2), Edge(0, 2, 0.4), Edge(1, 2, 0.1)])
+    margins = torch.tensor([0.5, 1.0, 1.5, 0.5])
+    expected = F.softplus(-margins).mean()  # four pairs, each weight 1, no group means
+    assert pairwise_dpo_loss([small, big]).item() == pytest.approx(expected.item())
+    lipo = population_loss([small, big]).item()
+    assert pairwise_dpo_loss([small, big]).item() != pytest.approx(lipo)
+    # One unit-weight edge: Eq. 5 reduces to the standard pairwise DPO loss (Sec. 2.3).
+    one = (torch.tensor([0.7, 0.1]), [Edge(1, 0, 1.0)])
+    assert pairwise_dpo_loss([one]).item() == pytest.approx(population_loss([one]).item())
+    with pytest.raises(ValueError, match="groups"):
+        pairwise_dpo_loss([])
 
 
 def test_the_population_loss_is_differentiable() -> None:

@@ -12,6 +12,7 @@ from counselor_engine.counselor import (
     Counselor,
     CounselorConfig,
     DoneEvent,
+    raw_delivered,
     raw_preference_edges,
 )
 from counselor_engine.embeddings import HashingEmbedder
@@ -24,7 +25,7 @@ from counselor_engine.tests.fakes import FakeBackend
 
 FAST = GenerationParams(max_new_tokens=8)
 UNIFORM = [1.0] * 5
-FIVE, FOUR = [0, 0, 0, 0, 1.0], [0, 0, 0, 1.0, 0]
+FIVE, FOUR, THREE = [0, 0, 0, 0, 1.0], [0, 0, 0, 1.0, 0], [0, 0, 1.0, 0, 0]
 
 
 def client() -> ClientState:
@@ -44,46 +45,51 @@ async def turn(c: Counselor, text: str) -> DoneEvent:
     return events[-1]
 
 
-async def three_turn_session(use_soca: bool, use_hbsp: bool = True):  # type: ignore[no-untyped-def]
-    # Three pointwise rows (n = 1), then turn outcomes: R_0 from four "5"s = 1, R_1 from
-    # four "4"s = 0.75; R_2 (no reaction) = mean of observed = 0.875. No rating: reward =
-    # internal = 0.875.
-    backend = FakeBackend().script_probabilities(*[UNIFORM] * 3, *[FIVE] * 4, *[FOUR] * 4)
+async def four_turn_session(use_soca: bool, use_hbsp: bool = True):  # type: ignore[no-untyped-def]
+    # Four pointwise rows (n = 1), then turn outcomes: R_0 from four "5"s = 1, R_1 from
+    # four "4"s = 0.75, R_2 from four "3"s = 0.5; R_3 has no reaction, so it is not judged
+    # (and not imputed). No rating: reward = internal = mean judged outcome = 0.75.
+    backend = FakeBackend().script_probabilities(
+        *[UNIFORM] * 4, *[FIVE] * 4, *[FOUR] * 4, *[THREE] * 4
+    )
     c = counselor(backend, use_soca=use_soca, use_hbsp=use_hbsp)
     state = client()
     c.start_session(state, None)
-    for text in ("I feel anxious about work", "It gets worse at night", "I do not know"):
+    for text in ("I feel anxious about work", "It gets worse at night", "I do not know", "Hm"):
         await turn(c, text)
     return state, await c.end_session(None)
 
 
 async def test_no_soca_credits_the_raw_outcomes_without_projection() -> None:
-    _, outcome = await three_turn_session(use_soca=False)
-    assert outcome.turn_outcomes == pytest.approx([1.0, 0.75, 0.875])
-    # By hand, gamma = 0.9: G_2 = 0.875 + 0.9 * 0.875; G_1 = 0.75 + 0.9 G_2; G_0 = 1 + 0.9 G_1.
-    g2 = 0.875 + 0.9 * 0.875
+    _, outcome = await four_turn_session(use_soca=False)
+    assert outcome.turn_outcomes == [1.0, 0.75, 0.5, None]
+    # By hand, gamma = 0.9, over the judged turns: G_2 = 0.5 + 0.9 * 0.75, G_1 = 0.75 +
+    # 0.9 G_2, G_0 = 1 + 0.9 G_1.
+    g2 = 0.5 + 0.9 * 0.75
     g1 = 0.75 + 0.9 * g2
-    assert outcome.credit == pytest.approx([1 + 0.9 * g1, g1, g2])
-    assert outcome.projected_session_reward == outcome.session_reward == pytest.approx(0.875)
-    assert [u.G for u in outcome.posterior_updates] == pytest.approx(outcome.credit)
+    assert outcome.credit[:3] == pytest.approx([1 + 0.9 * g1, g1, g2])
+    assert outcome.credit[3] is None
+    assert outcome.projected_session_reward == outcome.session_reward == pytest.approx(0.75)
+    assert [u.G for u in outcome.posterior_updates] == pytest.approx(outcome.credit[:3])
 
 
 async def test_full_system_projects_the_same_outcomes() -> None:
-    _, outcome = await three_turn_session(use_soca=True)
-    assert outcome.turn_outcomes == pytest.approx([1.0, 0.75, 0.875])
-    assert outcome.credit == pytest.approx(soca.trajectory_returns([1.0, 0.75, 0.875], 0.875))
-    # Eq. 8 spreads the ranks (levels +1, -1, 0): the middle turn gets less than its raw 0.75.
-    projected = soca.ordinal_projection([1.0, 0.75, 0.875])
-    assert projected[1] < 0.75
-    g2 = 0.875 + 0.9 * 0.875
-    assert outcome.credit[1] != pytest.approx(0.75 + 0.9 * g2)
+    _, outcome = await four_turn_session(use_soca=True)
+    assert outcome.turn_outcomes == [1.0, 0.75, 0.5, None]
+    assert outcome.credit[:3] == pytest.approx(soca.trajectory_returns([1.0, 0.75, 0.5], 0.75))
+    # Eq. 8 spreads the ranks (levels +1, 0, -1): the last judged turn gets less than 0.5.
+    projected = soca.ordinal_projection([1.0, 0.75, 0.5])
+    assert projected == pytest.approx([1.0, 0.875, 0.375])
+    assert outcome.credit[2] == pytest.approx(0.375 + 0.9 * 0.75)
+    assert outcome.credit[2] != pytest.approx(0.5 + 0.9 * 0.75)
 
 
 async def test_no_hbsp_chooses_from_the_shared_table_and_never_updates_posteriors() -> None:
-    state, outcome = await three_turn_session(use_soca=True, use_hbsp=False)
+    state, outcome = await four_turn_session(use_soca=True, use_hbsp=False)
     assert outcome.posterior_updates == []
     assert state.posterior.cells() == {}
-    assert len(outcome.credit) == 3  # credit is still computed (it feeds nothing here)
+    assert outcome.evidence.sound  # credit is still computed (it feeds nothing here)
+    assert None not in outcome.credit[:3]
 
 
 async def test_no_hbsp_decision_is_eq3_on_q_with_residuals_removed() -> None:
@@ -109,13 +115,23 @@ def test_no_soca_edges_keep_disagreeing_weak_and_cyclic_preferences() -> None:
     support = {(0, 1): (0.8, 0.4), (0, 2): (0.9, 0.8), (1, 2): (0.52, 0.56), (2, 3): (0.5, 0.5)}
     support |= {(0, 3): (0.2, 0.3), (1, 3): (0.5, 0.5)}
     raw = {(e.winner, e.loser): e.weight for e in raw_preference_edges(4, support)}
-    assert raw == pytest.approx({(0, 1): 0.2, (0, 2): 0.7, (1, 2): 0.08, (3, 0): 0.5})
+    # Single-order raw scores: the forward share alone, |2 p - 1|.
+    assert raw == pytest.approx({(0, 1): 0.6, (0, 2): 0.8, (1, 2): 0.04, (3, 0): 0.6})
     graph = soca.build_preference_graph(4, support)
     # SOCA drops the pair whose orders disagree (0, 1) and the one under the floor (1, 2).
     assert {(e.winner, e.loser) for e in graph} == {(0, 2), (3, 0)}
     cyclic = {(0, 1): (0.9, 0.9), (1, 2): (0.9, 0.9), (0, 2): (0.1, 0.1)}
     assert len(raw_preference_edges(3, cyclic)) == 3  # 0>1>2>0 kept: no projection
     assert len(soca.build_preference_graph(3, cyclic)) == 2
+
+
+def test_no_soca_reads_one_order_not_the_two_order_average() -> None:
+    # Forward favours 0 (0.6); backward strongly favours 1 (0.2): the mean (0.4) would
+    # point to 1, the single order points to 0, and SOCA abstains.
+    support = {(0, 1): (0.6, 0.2)}
+    assert raw_preference_edges(2, support) == [soca.Edge(0, 1, pytest.approx(0.2))]
+    assert raw_delivered(2, support, [3.0, 3.0]) == 0
+    assert soca.build_preference_graph(2, support) == []
 
 
 async def test_no_soca_turn_records_raw_edges_and_delivers_by_raw_share() -> None:
@@ -129,7 +145,8 @@ async def test_no_soca_turn_records_raw_edges_and_delivers_by_raw_share() -> Non
         backend = FakeBackend(["zero", "one", "two"]).script_probabilities(
             *[UNIFORM] * 3, *pairwise
         )
-        c = counselor(backend, n_candidates=3, use_soca=use_soca)
+        # Soft Eq. 12 shares, so each pair's two orders carry the graded values above.
+        c = counselor(backend, n_candidates=3, use_soca=use_soca, judge_votes="soft")
         c.start_session(client(), None)
         group = (await turn(c, "I feel anxious about work")).group
         assert group is not None
@@ -138,9 +155,10 @@ async def test_no_soca_turn_records_raw_edges_and_delivers_by_raw_share() -> Non
             assert edges == pytest.approx({(2, 0): 0.4, (1, 2): 0.2})
             assert group.delivered == 1 and group.depths == [0, 2, 1]
         else:
-            assert edges == pytest.approx({(0, 1): 0.2, (2, 0): 0.5, (1, 2): 0.3})
-            # Raw shares: 0 -> 0.6 + 0.25, 1 -> 0.4 + 0.65, 2 -> 0.75 + 0.35: 2 wins.
-            assert group.delivered == 2 and group.depths == [0, 0, 0]
+            # Forward order only: z_0 = 0.8 (0,1); z_0 = 0.3 (0,2); z_1 = 0.7 (1,2).
+            assert edges == pytest.approx({(0, 1): 0.6, (2, 0): 0.4, (1, 2): 0.4})
+            # Raw shares: 0 -> 0.8 + 0.3, 1 -> 0.2 + 0.7, 2 -> 0.7 + 0.3: 0 wins.
+            assert group.delivered == 0 and group.depths == [0, 0, 0]
 
 
 def test_ablation_parses_and_applies_the_engine_switches() -> None:

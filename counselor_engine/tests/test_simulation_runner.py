@@ -31,7 +31,7 @@ async def test_it_runs_two_clients_for_two_sessions_concurrently(tiny_backend) -
     curriculum = CurriculumController(sorted({p.intent for p in builtin_profiles()}))
     client_backend = FakeBackend(name="simulator")  # the simulator is its own backend role
     results = await run_courses(
-        tiny_backend, client_backend, profiles, sessions=2, max_turns=2, curriculum=curriculum,
+        tiny_backend, client_backend, profiles, sessions=2, max_turns=3, curriculum=curriculum,
         seed=5, counselor_config=CONFIG, memory_embedder=HashingEmbedder(), client_kwargs=SMALL,
     )  # fmt: skip
     assert [r.profile.id for r in results] == ["cbt-01", "pdt-01"]
@@ -40,7 +40,7 @@ async def test_it_runs_two_clients_for_two_sessions_concurrently(tiny_backend) -
         for session in course.sessions:
             roles = [role for role, _ in session.transcript]
             assert roles[0] == "client" and roles == ["client", "counselor"] * (len(roles) // 2)
-            assert 1 <= len(roles) // 2 <= 2
+            assert 1 <= len(roles) // 2 <= 3
             assert session.rating is not None and session.outcome is not None
             assert len(session.groups) == len(roles) // 2
             delivered = [g.candidates[g.delivered] for g in session.groups]
@@ -49,6 +49,7 @@ async def test_it_runs_two_clients_for_two_sessions_concurrently(tiny_backend) -
             assert set(FAMILIES) <= set(session.report.metrics)
             assert session.error == ""
         assert course.client is not None and len(course.client.session_rewards) == 2
+        # Three turns give two judged outcomes (the last has no reaction): enough to learn.
         assert course.client.posterior.cells(), "the course learned client-private residuals"
     # Every finished session fed the curriculum once (K = 1 groups of internal rewards).
     assert curriculum.snapshot()["total_groups"] == 4

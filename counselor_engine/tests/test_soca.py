@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from counselor_engine.soca import (
     Edge,
     build_preference_graph,
+    criterion_vote,
     edge_strength,
     graph_depths,
     midranks,
@@ -24,6 +25,7 @@ from counselor_engine.soca import (
     select_delivered,
     support_share,
     trajectory_returns,
+    vote_share,
 )
 
 probability = st.floats(0, 1)
@@ -83,6 +85,60 @@ def test_support_share_refuses_bad_input(
 ) -> None:
     with pytest.raises(ValueError, match=name):
         support_share(judgments, weights)
+
+
+def test_a_criterion_votes_for_the_side_with_the_higher_probability() -> None:
+    assert criterion_vote(0.51, 0.49) == 1.0
+    assert criterion_vote(0.2, 0.8) == 0.0
+    assert criterion_vote(0.5, 0.5) is None  # an exact tie is no vote
+
+
+def test_binary_share_counts_weight_of_the_votes_for_i() -> None:
+    assert vote_share([1.0, 0.0, 1.0], [2.0, 1.0, 1.0]) == pytest.approx(0.75)
+    # The tied criterion (weight 5) leaves numerator and denominator alike.
+    assert vote_share([1.0, None, 0.0], [3.0, 5.0, 1.0]) == pytest.approx(0.75)
+    assert vote_share([None, None], [1.0, 1.0]) == 0.5  # nobody voted: Eq. 7 abstains
+    with pytest.raises(ValueError, match="votes"):
+        vote_share([0.7], [1.0])
+    with pytest.raises(ValueError, match="weights"):
+        vote_share([1.0], [1.0, 2.0])
+
+
+near_half = st.sampled_from([0.5, 0.5 - 1e-12, 0.5 + 1e-12, 0.49, 0.51]) | probability
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(near_half, st.floats(0.1, 5)), min_size=1, max_size=12))
+def test_binary_shares_of_i_and_j_sum_to_one_and_ties_never_count(
+    criteria: list[tuple[float, float]],
+) -> None:
+    probs, weights = zip(*criteria, strict=True)
+    for_i = [criterion_vote(p, 1.0 - p) for p in probs]
+    for_j = [criterion_vote(1.0 - p, p) for p in probs]
+    share_i, share_j = vote_share(for_i, weights), vote_share(for_j, weights)
+    assert share_i + share_j == pytest.approx(1.0)
+    voters = [(w, v) for w, v in zip(weights, for_i, strict=True) if v is not None]
+    if voters:  # the share among the criteria that took a side
+        expected = sum(w * v for w, v in voters) / sum(w for w, _ in voters)
+        assert share_i == pytest.approx(expected)
+    else:
+        assert share_i == 0.5
+    # All-or-nothing per criterion: a unanimous judge gives a full share however unsure
+    # each criterion was.
+    if voters and all(v == 1.0 for _, v in voters):
+        assert share_i == 1.0
+
+
+def test_unsure_unanimous_criteria_clear_the_floor_only_as_binary_votes() -> None:
+    """The issue's case: every criterion leans to i by a hair. Soft shares sit at 0.52
+    and c = 0.04 falls under the 0.1 floor; binary votes give p = 1 and c = 1."""
+    weights = [1.0] * 12
+    soft = support_share([0.52] * 12, weights)
+    binary = vote_share([criterion_vote(0.52, 0.48)] * 12, weights)
+    soft_graph = build_preference_graph(2, {(0, 1): (soft, soft)})
+    binary_graph = build_preference_graph(2, {(0, 1): (binary, binary)})
+    assert soft_graph == []
+    assert binary_graph == [Edge(0, 1, 1.0)]
 
 
 # --- Eq. 7 -------------------------------------------------------------------------------

@@ -8,20 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from counselor_engine.soca import Edge
 from training_worker.arena import ArenaConfig, ArenaSpec, arena_check, compare, profiles
 from training_worker.round import train_config
 from training_worker.tests.test_trainer import CONFIG, groups
-from training_worker.trainer import LipoTrainer, TrainConfig, dpo_pair
-
-
-def test_dpo_keeps_the_strongest_edge_with_unit_weight() -> None:
-    edges = [Edge(0, 1, 0.3), Edge(2, 1, 0.7), Edge(0, 2, 0.7)]
-    # Equal weights: the lowest (winner, loser) wins the tie.
-    assert dpo_pair(edges) == [Edge(0, 2, 1.0)]
-    assert dpo_pair([Edge(1, 0, 0.2)]) == [Edge(1, 0, 1.0)]
-    with pytest.raises(ValueError):
-        dpo_pair([])
+from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
 
 
 def test_an_unknown_loss_is_refused() -> None:
@@ -34,21 +24,57 @@ def test_the_round_takes_its_loss_from_the_run(settings) -> None:  # type: ignor
     assert train_config(None).loss == "lipo"
 
 
-def test_pairwise_dpo_trains_on_one_pair_per_group(tiny_model_dir):  # type: ignore[no-untyped-def]
-    """Step 0 (h = 0): LiPO gives mean_g sum_e w_e log 2 / |E|; DPO gives log 2. After a
-    step, the DPO loss is exactly mean_g softplus(-(h_w - h_l)) on the strongest edge."""
-    trainer = LipoTrainer(tiny_model_dir, parent=None, config=CONFIG.__class__(
-        **{**CONFIG.__dict__, "loss": "pairwise_dpo"}))  # fmt: skip
-    prepared = trainer.prepare(groups())
+def _uneven_groups() -> list[TrainGroup]:
+    """Two groups of the test prompts: one with both edges, one with a single edge."""
+    two, one = groups(2)
+    edges = to_edges([{"winner": 2, "loser": 1, "weight": 0.2}], 3)
+    return [two, TrainGroup(one.key, one.modality, one.prompt, one.candidates, edges)]
+
+
+def test_pairwise_dpo_trains_every_edge_as_a_unit_pair(tiny_model_dir):  # type: ignore[no-untyped-def]
+    """Step 0 (h = 0): every pair's term is log 2 whatever its SOCA weight, so DPO's loss is
+    log 2 where LiPO's is mean_g sum_e w_e log 2 / |E_g|. After one step, the DPO loss is
+    exactly the mean of softplus(-(h_w - h_l)) over all three pairs of the batch (the two
+    of the first group count twice as much as the second group's one: no per-group
+    normalisation), not the mean of the group means."""
+    config = TrainConfig(**{**CONFIG.__dict__, "loss": "pairwise_dpo"})
+    trainer = LipoTrainer(tiny_model_dir, parent=None, config=config)
+    prepared = trainer.prepare(_uneven_groups())
     reference = trainer.reference(prepared)
     first = trainer.step(prepared, reference)
     assert first.loss == pytest.approx(math.log(2), rel=1e-5)
-    assert first.loss != pytest.approx((0.6 + 0.5) * math.log(2) / 2, rel=1e-3)  # LiPO's
+    lipo = ((0.6 + 0.5) / 2 + 0.2) / 2 * math.log(2)
+    assert first.loss != pytest.approx(lipo, rel=1e-3)
 
-    h = trainer.utilities(prepared, reference)
-    expected = torch.stack([F.softplus(-(u[0] - u[1])) for u in h]).mean()  # edge 0 > 1 (0.6)
+    h0, h1 = trainer.utilities(prepared, reference)
+    terms = [
+        F.softplus(-(h0[0] - h0[1])),
+        F.softplus(-(h0[0] - h0[2])),
+        F.softplus(-(h1[2] - h1[1])),
+    ]
+    per_pair = torch.stack(terms).mean()
+    per_group = ((terms[0] + terms[1]) / 2 + terms[2]) / 2
     second = trainer.step(prepared, reference)
-    assert second.loss == pytest.approx(float(expected), rel=1e-4)
+    assert second.loss == pytest.approx(float(per_pair), rel=1e-4)
+    assert float(per_pair) != pytest.approx(float(per_group), rel=1e-3)
+
+
+def test_the_dpo_gradient_does_not_depend_on_how_groups_are_split(tiny_model_dir):  # type: ignore[no-untyped-def]
+    """Micro-batching (a token budget of one group per forward pass) gives the same loss as
+    one pass over the whole batch: each pair keeps weight 1 / (all pairs)."""
+    losses = []
+    for tokens in (64, 100_000):
+        config = TrainConfig(
+            **{**CONFIG.__dict__, "loss": "pairwise_dpo", "micro_batch_tokens": tokens}
+        )
+        trainer = LipoTrainer(tiny_model_dir, parent=None, config=config)
+        prepared = trainer.prepare(_uneven_groups())
+        reference = trainer.reference(prepared)
+        trainer.step(prepared, reference)
+        losses.append((len(trainer.plan(prepared)), trainer.step(prepared, reference).loss))
+    (split, a), (whole, b) = losses
+    assert split == 2 and whole == 1
+    assert a == pytest.approx(b, rel=1e-5)
 
 
 # -- arena ------------------------------------------------------------------------------

@@ -158,6 +158,7 @@ def counselor_config(*, mode: str, seed: int) -> CounselorConfig:
         backend_timeout_s=settings.PSYEVO_BACKEND_TIMEOUT,
         safety_locale=settings.PSYEVO_SAFETY_LOCALE,
         beta=settings.LIPO["beta"],
+        judge_votes=settings.PSYEVO_JUDGE_VOTES,
         seed=seed,
         report_progress=True,  # a person waits at the chat page
     )

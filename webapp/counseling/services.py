@@ -302,7 +302,13 @@ def finish_session(
     session_id: int, outcome: SessionOutcome, rating: SessionRating | None
 ) -> Session:
     """Persist the session end: rewards, credit, one audit row per posterior update,
-    the memory recap, and the LiPO schedule (queued on commit when eligible)."""
+    the memory recap, and the LiPO schedule (queued on commit when eligible).
+
+    The engine already applied the H.7 skip rules (``outcome.evidence``): a skipped
+    session brings no posterior updates, and its record (rule, outcome variance, judged
+    turns) is kept in ``Session.outcome["evidence"]`` for the clinician review and the
+    posterior inspector. A session reward that was never observed (no rating, nothing
+    judged) is stored as None, so it joins no client's reward history."""
     from webapp.learning import schedule
 
     with transaction.atomic():
@@ -353,9 +359,13 @@ def finish_session(
             }
         )
         session.internal_reward = outcome.internal_reward
-        session.session_reward = outcome.session_reward
+        session.session_reward = outcome.session_reward if outcome.reward_observed else None
         session.projected_reward = outcome.projected_session_reward
-        session.outcome = {"turn_outcomes": outcome.turn_outcomes, "credit": outcome.credit}
+        session.outcome = {
+            "turn_outcomes": outcome.turn_outcomes,
+            "credit": outcome.credit,
+            "evidence": outcome.evidence.to_dict(),
+        }
         session.save()
         course = session.course
         if session.index + 1 >= course.planned_sessions:

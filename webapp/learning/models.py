@@ -14,7 +14,10 @@ class AdapterVersion(models.Model):
     """One trained LoRA adapter. Only a clinician's approval makes it servable.
 
     training -> validating -> pending_approval -> approved -> active -> retired,
-    or failed / rejected. At most one version is active (database constraint).
+    or failed / rejected / superseded. At most one version is active (database
+    constraint). ``superseded``: it was trained from a parent that is no longer the
+    active version, so approving it would silently drop the update now active
+    (``decision_note`` says which); it can never be approved.
     """
 
     class Status(models.TextChoices):
@@ -26,6 +29,7 @@ class AdapterVersion(models.Model):
         RETIRED = "retired"
         FAILED = "failed"
         REJECTED = "rejected"
+        SUPERSEDED = "superseded"
 
     name = models.CharField(max_length=64, unique=True)
     parent = models.ForeignKey(

@@ -174,3 +174,21 @@ def note_session_completed(session: Session | None) -> bool:
         queue_round(run)
     log.info("LiPO round %d queued after %d completed sessions", run.pk, count)
     return True
+
+
+def queue_round_from_active(*, trigger: str) -> TrainingRun | None:
+    """Queue a round now (it trains from the version active when it starts) unless one is
+    already queued or running, or the buffer holds no admissible batch. Used when evidence
+    comes back because a version was superseded. Returns the queued run."""
+    with transaction.atomic():
+        LearningScope.objects.get_or_create(name=SCOPE)
+        LearningScope.objects.select_for_update().get(name=SCOPE)
+        busy = TrainingRun.objects.filter(
+            status__in=[TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING]
+        )
+        if busy.exists() or pick_batch(available_graphs()) is None:
+            return None
+        run = TrainingRun.objects.create(trigger=trigger, config={"reason": trigger})
+        queue_round(run)
+    log.info("LiPO round %d queued (%s)", run.pk, trigger)
+    return run

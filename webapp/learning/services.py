@@ -7,10 +7,19 @@ conditional UPDATEs whose row counts are checked, and the database constraints
 back them up whatever code path writes.
 
 Lifecycle (DESIGN.md): training -> validating -> pending_approval -> approved -> active ->
-retired, or failed / rejected. Here, approving a pending version activates it in the same
-transaction ("Approve and activate"): it serves sessions that START afterwards, while a
-session in progress keeps the version it pinned. Rollback re-activates an earlier
+retired, or failed / rejected / superseded. Here, approving a pending version activates it
+in the same transaction ("Approve and activate"): it serves sessions that START afterwards,
+while a session in progress keeps the version it pinned. Rollback re-activates an earlier
 approved (now retired) version.
+
+A version is approvable only while its parent is the active version: a round trains an
+update ON TOP of its parent, so approving a sibling (or anything trained from an older
+parent) would replace the active update instead of adding to it. Whenever the active
+version changes, every pending version trained from another parent is marked
+``superseded`` with the reason, its reserved evidence goes back to the buffer, and a new
+round is queued (it trains from the version active when it starts) if the buffer holds an
+admissible batch. ``approve`` re-checks the parent under the scope lock, for versions that
+reached the gate after the change.
 
 The files are bound to the approval by a digest (:func:`adapter_digest`); the serving
 side loads a version only through :func:`servable_path`, which recomputes it.
@@ -52,6 +61,10 @@ class DecisionRefused(GateError):
 
 class NotServable(GateError):
     """The version was never approved (or failed / was rejected): it must not be loaded."""
+
+
+class SupersededVersion(DecisionRefused):
+    """The version's parent is no longer active: it was marked superseded instead."""
 
 
 class TamperedAdapter(NotServable):
@@ -131,40 +144,76 @@ def approve(version: AdapterVersion, clinician: User, note: str = "") -> Adapter
     operator who started the round (``TrainingRun.started_by``) cannot approve its
     output. The digest is recomputed now and stored as ``approved_sha256``: the approval
     covers exactly the files the clinician was shown the report for.
+
+    A version whose parent is not the active version is marked superseded instead (that
+    marking commits) and :class:`SupersededVersion` is raised.
     """
     if getattr(clinician, "role", None) != Role.CLINICIAN:
         raise DecisionRefused("only a clinician can approve an adapter version")
     run = TrainingRun.objects.filter(output_version=version).first()
     if run is not None and run.started_by_id == clinician.pk:
         raise DecisionRefused("you started the round that produced this version")
+    stale: list[str] = []
     with transaction.atomic():
+        # The scope lock serialises this with every other approval and rollback, so the
+        # active version read below cannot change before we commit.
         _lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status != Status.PENDING_APPROVAL:
             raise DecisionRefused(f"{current.name} is {current.status}, not pending approval")
-        sha = _files_match(current, current.sha256)
-        now = timezone.now()
-        updated = AdapterVersion.objects.filter(
-            pk=current.pk, status=Status.PENDING_APPROVAL
-        ).update(
-            status=Status.APPROVED,
-            approved_by=clinician,
-            approved_at=now,
-            approved_sha256=sha,
-            decision_note=note.strip(),
-        )
-        if updated != 1:  # Nothing got updated: another process got there first.
-            raise DecisionRefused(f"{current.name} was decided meanwhile")
-        audit.record(clinician, "adapter.approve", target=_target(current), sha256=sha, note=note)
-        retired = _activate_locked(current, clinician, now)
-        if run is not None:
-            consumed = CandidateGroup.objects.filter(
-                lease_run=run, buffer_status=CandidateGroup.Buffer.RESERVED
-            ).update(buffer_status=CandidateGroup.Buffer.CONSUMED, lease_expires_at=None)
-            log.info("%s activated; %d evidence groups consumed", current.name, consumed)
-        _sync_serving_on_commit(current.pk, retired)
+        active = active_version()
+        if current.parent_id != (active.pk if active else None):
+            stale = _supersede_locked([current], active, clinician)
+        else:
+            _approve_locked(current, clinician, note, run)
+    if stale:
+        raise SupersededVersion(stale[0])
     current.refresh_from_db()
     return current
+
+
+def _approve_locked(
+    current: AdapterVersion, clinician: User, note: str, run: TrainingRun | None
+) -> None:
+    """pending -> approved -> active, superseding its pending siblings, consuming its
+    evidence (caller holds the scope lock and the version row)."""
+    sha = _files_match(current, current.sha256)
+    now = timezone.now()
+    updated = AdapterVersion.objects.filter(pk=current.pk, status=Status.PENDING_APPROVAL).update(
+        status=Status.APPROVED,
+        approved_by=clinician,
+        approved_at=now,
+        approved_sha256=sha,
+        decision_note=note.strip(),
+    )
+    if updated != 1:  # Nothing got updated: another process got there first.
+        raise DecisionRefused(f"{current.name} was decided meanwhile")
+    audit.record(clinician, "adapter.approve", target=_target(current), sha256=sha, note=note)
+    retired = _activate_locked(current, clinician, now)
+    _supersede_stale_locked(current, clinician)
+    if run is not None:
+        consumed = CandidateGroup.objects.filter(
+            lease_run=run, buffer_status=CandidateGroup.Buffer.RESERVED
+        ).update(buffer_status=CandidateGroup.Buffer.CONSUMED, lease_expires_at=None)
+        log.info("%s activated; %d evidence groups consumed", current.name, consumed)
+    _sync_serving_on_commit(current.pk, retired)
+
+
+def supersede_if_stale(version: AdapterVersion) -> str:
+    """A version that just reached the gate (the worker's hand-off) while its parent had
+    stopped being active (a sibling was approved, or a rollback, during training) is
+    superseded at once rather than waiting for a clinician to try. Returns the reason,
+    or "" when it is approvable (or no longer pending)."""
+    with transaction.atomic():
+        _lock_scope()
+        current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        active = active_version()
+        if current.status != Status.PENDING_APPROVAL or current.parent_id == (
+            active.pk if active else None
+        ):
+            return ""
+        reasons = _supersede_locked([current], active, None)
+    return reasons[0] if reasons else ""
 
 
 def reject(version: AdapterVersion, clinician: User, reason: str) -> AdapterVersion:
@@ -206,6 +255,7 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
         _files_match(current, current.approved_sha256)
         previous = active_version()
         retired = _activate_locked(current, actor, timezone.now())
+        _supersede_stale_locked(current, actor)
         audit.record(
             actor,
             "adapter.rollback",
@@ -242,6 +292,55 @@ def _activate_locked(version: AdapterVersion, actor: User, now: datetime) -> lis
         raise DecisionRefused(f"{version.name} could not be activated")
     audit.record(actor, "adapter.activate", target=_target(version), retired=retired)
     return retired
+
+
+def _supersede_stale_locked(active: AdapterVersion, actor: User | None) -> list[str]:
+    """Mark every pending version not trained from ``active`` (just activated) superseded
+    (caller holds the scope lock). Returns the reasons."""
+    stale = list(
+        AdapterVersion.objects.select_for_update()
+        .filter(status=Status.PENDING_APPROVAL)
+        .exclude(parent=active)
+    )
+    return _supersede_locked(stale, active, actor) if stale else []
+
+
+def _supersede_locked(
+    versions: list[AdapterVersion], active: AdapterVersion | None, actor: User | None
+) -> list[str]:
+    """pending_approval -> superseded for ``versions``, each with its reason; return each
+    one's reserved evidence to the buffer, then queue a round from the active version if
+    the buffer now holds an admissible batch (on commit). Caller holds the scope lock."""
+    from webapp.learning import schedule  # schedule imports this module
+
+    reasons = []
+    for version in versions:
+        parent = version.parent.name if version.parent else "the base model"
+        now_active = active.name if active else "the base model"
+        updated = AdapterVersion.objects.filter(
+            pk=version.pk, status=Status.PENDING_APPROVAL
+        ).update(status=Status.SUPERSEDED)
+        if updated != 1:
+            # Nothing got updated: decided meanwhile (only a writer that skips the scope
+            # lock could do that); leave it and its evidence as they are.
+            continue
+        run = TrainingRun.objects.filter(output_version=version).first()
+        returned = return_evidence(run) if run is not None else 0
+        reason = (
+            f"{version.name} was trained from {parent}, but {now_active} is active now: "
+            f"approving it would drop the active update. Superseded; {returned} evidence "
+            f"groups returned to the buffer for a round from {now_active}."
+        )
+        AdapterVersion.objects.filter(pk=version.pk).update(decision_note=reason)
+        audit.record(
+            actor, "adapter.supersede", target=_target(version), parent=parent,
+            active=now_active, returned=returned,
+        )  # fmt: skip
+        log.warning("%s", reason)
+        reasons.append(reason)
+    if reasons:
+        schedule.queue_round_from_active(trigger="superseded")
+    return reasons
 
 
 def _target(version: AdapterVersion) -> str:

@@ -50,6 +50,7 @@ def adapter_list(request: HttpRequest) -> HttpResponse:
         "learning/adapter_list.html",
         {
             "pending": versions.filter(status=Status.PENDING_APPROVAL),
+            "superseded": versions.filter(status=Status.SUPERSEDED)[:20],
             "versions": versions[:200],
             "runs": TrainingRun.objects.select_related("output_version", "started_by").order_by(
                 "-created_at"

@@ -18,7 +18,7 @@ from webapp.accounts.models import ClientProfile, Role
 from webapp.counseling.models import Course, Session
 from webapp.memory import services as memory_services
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit, console
+from webapp.oversight import audit, console, evidence
 from webapp.oversight.forms import MemoryCorrectionForm, SkillControlForm
 from webapp.oversight.models import ClientControl, SafetyFlag
 
@@ -77,6 +77,7 @@ def session_review(request: HttpRequest, pk: int) -> HttpResponse:
         "assigned": assigned,
         "not_assigned": not assigned,  # here through an escalated flag only
         "items": console.review(session),
+        "evidence": evidence.note(session, session.posterior_updates.count()),
         "flags": SafetyFlag.objects.filter(session=session).select_related(
             "client", "acknowledged_by", "escalated_to"
         ),

@@ -9,7 +9,7 @@ selection score of a skill is Q(s, a) + posterior mean, as in the paper's Figure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from django.db.models import Max, QuerySet
@@ -21,6 +21,7 @@ from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session
 from webapp.learning.models import PosteriorCell, PosteriorUpdate
 from webapp.oversight import plots
+from webapp.oversight.evidence import EvidenceNote, client_notes
 
 TIE_TOLERANCE = 1e-12  # maxima this close are a tie (paper, App. F)
 SLOT_INDEX = {slot: i for i, slot in enumerate(ALL_SLOTS)}
@@ -292,6 +293,7 @@ class Inspection:
     heatmap_after: plots.Plot
     heatmap_before: plots.Plot | None
     diff: plots.Plot | None
+    evidence: list[EvidenceNote] = field(default_factory=list)  # per session: did it update?
 
     @property
     def changed(self) -> int:
@@ -352,8 +354,9 @@ def inspect(client: User, before_key: str | None, after_key: str | None) -> Insp
         )
         diff = plots.as_plot(svg, "Rank change per slot and skill; the table lists the slots")
     return Inspection(
-        modality, points, before, after, rows, heat(after), None if same else heat(before), diff
-    )
+        modality, points, before, after, rows, heat(after), None if same else heat(before), diff,
+        client_notes(client),
+    )  # fmt: skip
 
 
 def population_plot(pop: Population) -> plots.Plot | None:

@@ -121,7 +121,11 @@ async def test_ending_with_a_rating_persists_credit_posteriors_memory_and_schedu
 ):  # type: ignore[no-untyped-def]
     profile = await sync_to_async(consenting_client)()
     session = await sync_to_async(services.start_session)(profile.user)
-    await talk(session, profile.user, ["I feel lonely since I moved", "I don't know anyone here"])
+    await talk(
+        session,
+        profile.user,
+        ["I feel lonely since I moved", "I don't know anyone here", "Weekends are the worst"],
+    )
     await sync_to_async(async_client.force_login)(profile.user)
     response = await async_client.post(reverse("end_session", args=[session.pk]), RATING)
     assert response.status_code == 302 and response["Location"] == reverse("my_sessions")
@@ -134,19 +138,24 @@ async def test_ending_with_a_rating_persists_credit_posteriors_memory_and_schedu
         "overall": 8.5,
     }
     assert 0.0 <= session.session_reward <= 1.0
-    assert len(session.outcome["credit"]) == 2
+    assert len(session.outcome["credit"]) == 3
+    assert session.outcome["evidence"]["skip"] == "" and session.outcome["evidence"]["judged"] == 2
     updates = await sync_to_async(list)(
         PosteriorUpdate.objects.filter(session=session).select_related("cell")
     )
     skills = await sync_to_async(list)(
-        Turn.objects.filter(session=session, role="counselor").values_list("state_slot", "skill")
+        Turn.objects.filter(session=session, role="counselor")
+        .order_by("seq")
+        .values_list("state_slot", "skill")
     )
-    assert {(u.cell.state_slot, u.cell.skill) for u in updates} == set(skills)
+    # The last reply has no client reaction: not judged, so it updates no cell.
+    assert session.outcome["credit"][2] is None
+    assert {(u.cell.state_slot, u.cell.skill) for u in updates} == set(skills[:2])
     assert [u.credit for u in sorted(updates, key=lambda u: u.turn_id)] == pytest.approx(
-        session.outcome["credit"]
+        session.outcome["credit"][:2]
     )
     cells = await sync_to_async(PosteriorCell.objects.filter(client=profile.user).count)()
-    assert cells == len(set(skills))
+    assert cells == len(set(skills[:2]))
     recap = await sync_to_async(list)(
         MemoryItem.objects.filter(client=profile.user, source_session=session)
     )

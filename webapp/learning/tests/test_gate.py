@@ -27,8 +27,12 @@ def active(tmp_path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def pending(tmp_path):  # type: ignore[no-untyped-def]
-    """A pending version produced by a run that holds 4 evidence groups."""
-    version = make_version("v2", "pending_approval", write_adapter_files(tmp_path / "v2", b"two"))
+    """A pending version produced by a run that holds 4 evidence groups, trained from the
+    version active when it is made (so it is approvable)."""
+    version = make_version(
+        "v2", "pending_approval", write_adapter_files(tmp_path / "v2", b"two"),
+        parent=services.active_version(),
+    )  # fmt: skip
     run = TrainingRun.objects.create(status="succeeded", output_version=version)
     groups = make_evidence(2)
     CandidateGroup.objects.filter(pk__in=[g.pk for g in groups]).update(

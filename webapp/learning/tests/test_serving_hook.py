@@ -25,7 +25,9 @@ def vllm(settings):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def versions(tmp_path):  # type: ignore[no-untyped-def]
     old = make_version("v1", "active", write_adapter_files(tmp_path / "v1", b"one"))
-    new = make_version("v2", "pending_approval", write_adapter_files(tmp_path / "v2", b"two"))
+    new = make_version(
+        "v2", "pending_approval", write_adapter_files(tmp_path / "v2", b"two"), parent=old
+    )
     return old, new
 
 

@@ -92,7 +92,8 @@ class FixedJudge:
 
 
 def test_it_runs_courses_through_the_session_services_and_writes_the_report(lab):  # type: ignore[no-untyped-def]
-    out = simulate("--clients", "2", "--sessions", "1", "--max-turns", "2", "--adapter", "base")
+    # Three turns: two judged outcomes, the fewest that may update a posterior (H.7).
+    out = simulate("--clients", "2", "--sessions", "1", "--max-turns", "3", "--adapter", "base")
 
     run = SimulationRun.objects.get()
     assert run.status == "succeeded" and run.error == ""
@@ -222,7 +223,7 @@ def _learning_state(run: SimulationRun) -> dict[str, Any]:
 def test_external_scores_never_reach_posteriors_evidence_or_the_curriculum(lab, monkeypatch):  # type: ignore[no-untyped-def]
     """The paper's audit (App. G): two runs with the same seed under external judges that
     disagree completely write identical learning state; only the reports differ."""
-    args = ("--clients", "1", "--sessions", "2", "--max-turns", "2", "--adapter", "base",
+    args = ("--clients", "1", "--sessions", "2", "--max-turns", "3", "--adapter", "base",
             "--curriculum", "--seed", "7")  # fmt: skip
     monkeypatch.setattr(simlab, "make_judge", lambda backend: FixedJudge(0.0))
     simulate(*args)

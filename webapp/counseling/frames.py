@@ -58,10 +58,14 @@ def progress_frame(seq: int, stage: str, done: int, total: int) -> str:
         text = f"{done} possible replies written; comparing them to choose the best…"
     else:
         text = f"Comparing the possible replies: {done} of {total} comparisons done…"
+    # While the drafts are written (one batched call with no steps to count) the bar is
+    # indeterminate: it moves, and claims no fraction it cannot know.
+    value = "" if stage == "drafting" and done < total else f' value="{int(done)}"'
     return (
         f'<div id="status" hx-swap-oob="innerHTML" data-seq="{seq}">'
-        f'<p class="status busy" data-stage="{escape(stage)}">{escape(text)}</p>'
-        f'<progress max="{int(total)}" value="{int(done)}" aria-hidden="true"></progress></div>'
+        f'<p class="status busy" data-stage="{escape(stage)}" data-done="{int(done)}"'
+        f' data-total="{int(total)}">{escape(text)}</p>'
+        f'<progress max="{int(total)}"{value} aria-hidden="true"></progress></div>'
     )
 
 

@@ -74,7 +74,7 @@ async def test_it_streams_a_reply_and_commits_the_turn_with_its_evidence(chat): 
     assert group.buffer_status in ("available", "excluded")
 
 
-PROGRESS = re.compile(r'data-stage="(\w+)"[^<]*</p><progress max="(\d+)" value="(\d+)"')
+PROGRESS = re.compile(r'data-stage="(\w+)" data-done="(\d+)" data-total="(\d+)"')
 
 
 async def test_a_judged_reply_shows_the_engines_progress_in_every_tab_before_it_streams(chat):  # type: ignore[no-untyped-def]
@@ -87,7 +87,7 @@ async def test_a_judged_reply_shows_the_engines_progress_in_every_tab_before_it_
     for tab in (comm, other):
         frames = await frames_until(tab, DONE)
         steps = [
-            (m.group(1), int(m.group(3)), int(m.group(2)))
+            (m.group(1), int(m.group(2)), int(m.group(3)))
             for f in frames
             if (m := PROGRESS.search(f))
         ]

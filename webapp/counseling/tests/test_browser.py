@@ -151,6 +151,14 @@ def start_session(page: Page) -> int:
     return int(re.search(r"/sessions/(\d+)/$", page.url).group(1))  # type: ignore[union-attr]
 
 
+def open_chat(server_url: str, browser: BrowserContext) -> tuple[Page, int]:
+    """A new consenting client, logged in, on the chat page of a new session (its id)."""
+    profile = orm(make_client)
+    page = browser.new_page()
+    log_in(page, server_url, profile.user.username)
+    return page, start_session(page)
+
+
 def wait_for_socket(page: Page) -> None:
     page.wait_for_function("() => (window.__wsOpen || 0) > 0", timeout=WAIT_MS)
 
@@ -196,10 +204,7 @@ def db_transcript(session_id: int) -> list[tuple[str, str]]:
 def test_a_client_chats_sees_the_reply_stream_reloads_and_ends_with_a_rating(
     tiny_server, browser, artifacts
 ):  # type: ignore[no-untyped-def]
-    profile = orm(make_client)
-    page = browser.new_page()
-    log_in(page, tiny_server.url, profile.user.username)
-    session_id = start_session(page)
+    page, session_id = open_chat(tiny_server.url, browser)
 
     # 1. The reply grows in place before it lands in the transcript. A reply of one or two
     # words cannot show two intermediate states (the engine streams word pieces), so with
@@ -326,10 +331,7 @@ def client_turns(session_id: int, text: str) -> int:
 def test_typed_text_survives_a_reload_and_a_server_crash_and_is_stored_once(
     tiny_server, browser
 ):  # type: ignore[no-untyped-def]
-    profile = orm(make_client)
-    page = browser.new_page()
-    log_in(page, tiny_server.url, profile.user.username)
-    session_id = start_session(page)
+    page, session_id = open_chat(tiny_server.url, browser)
     box = page.get_by_label("Message")
 
     # A draft survives a reload.
@@ -401,10 +403,7 @@ def database_switch(transactional_db):  # type: ignore[no-untyped-def]
 def test_a_message_refused_while_storage_is_down_stays_in_the_box_and_sends_once(
     tiny_server, database_switch, browser
 ):  # type: ignore[no-untyped-def]
-    profile = orm(make_client)
-    page = browser.new_page()
-    log_in(page, tiny_server.url, profile.user.username)
-    session_id = start_session(page)
+    page, session_id = open_chat(tiny_server.url, browser)
     box = page.get_by_label("Message")
     text = "It has been a hard week at home"
 

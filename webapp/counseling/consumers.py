@@ -382,7 +382,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return  # sent to this socket directly by _broadcast
         await self.send(event["html"])
 
+    async def chat_supersede(self, event: dict[str, Any]) -> None:
+        """A crisis in this session on another server: stop the replies written here."""
+        before = event.get("before_seq")
+        turns.supersede(self.session_id, before if isinstance(before, int) else None)
+
     async def chat_close(self, event: dict[str, Any]) -> None:
         """Sent by the session-end view so every open tab learns the session is over."""
+        turns.supersede(self.session_id)
         await self.send(event.get("html", ""))
         await self.close(code=1000)

@@ -325,14 +325,31 @@ class _Flight:
 _flights: dict[int, set[_Flight]] = {}
 
 
-def supersede(session_id: int) -> int:
-    """Stop every reply this process is writing for the session (a crisis came in, or the
-    session ended); returns how many. Their messages stay stored; the commit's check is
-    the backstop for a writer in another process."""
-    flights = list(_flights.get(session_id, ()))
+def supersede(session_id: int, before_seq: int | None = None) -> int:
+    """Stop the replies this process is writing for the session's messages before
+    ``before_seq`` (all of them when None: the session ended, or a crisis not yet given
+    its seq); returns how many. Their messages stay stored. Other server processes hear
+    of it through the session's group (:func:`announce_supersede`); the commit's check is
+    the backstop for one that does not."""
+    flights = [f for f in _flights.get(session_id, ()) if before_seq is None or f.seq < before_seq]
     for flight in flights:
         flight.stop.set()
     return len(flights)
+
+
+async def announce_supersede(session_id: int, before_seq: int) -> None:
+    """Tell every server process with a socket on the session (its consumers call
+    :func:`supersede`). In the background: with Redis down this takes seconds to fail,
+    and the commit's check still holds."""
+    from channels.layers import get_channel_layer
+
+    try:
+        await get_channel_layer().group_send(
+            session_group(session_id), {"type": "chat.supersede", "before_seq": before_seq}
+        )
+    except Exception as exc:
+        log.warning("session %s: could not announce the crisis to other servers: %s",
+                    session_id, exc)  # fmt: skip
 
 
 _SUPERSEDED = object()
@@ -491,7 +508,8 @@ async def _crisis(
         return
     # Again after the commit: a writer that looked at the open messages before it (and
     # so still saw the superseded ones) has started since the first call.
-    supersede(msg.session_id)
+    supersede(msg.session_id, safe.message.seq)
+    keep(asyncio.ensure_future(announce_supersede(msg.session_id, safe.message.seq)))
     yield Stored(safe.message, safe.message_created)
     yield Replied(safe.reply)
     _dispatch_later(safe.dispatch)

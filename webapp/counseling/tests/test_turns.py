@@ -188,6 +188,27 @@ async def test_a_message_sent_while_another_server_writes_is_stored_and_answered
     await comm.disconnect()
 
 
+async def test_a_crisis_on_another_server_stops_the_reply_written_here(held_model):  # type: ignore[no-untyped-def]
+    """The crisis' server announces it on the session's group: this server's writer stops
+    streaming the superseded reply and clears its bubble."""
+    from channels.layers import get_channel_layer
+
+    profile, session = await sync_to_async(_client)()
+    (comm,) = await _tabs(profile, session, 1)
+    await send(comm, type="message", text="I feel anxious about work", client_msg_id="a1")
+    await frames_until(comm, WRITING)
+    await asyncio.wait_for(held_model.started.wait(), 10)
+    await get_channel_layer().group_send(
+        turns.session_group(session.pk), {"type": "chat.supersede", "before_seq": 1}
+    )
+    cleared = await frames_until(comm, r'<div id="pending" hx-swap-oob="innerHTML"></div>')
+    assert not any("turn-counselor" in f for f in cleared)
+    held_model.release.set()
+    assert not any("turn-counselor" in f for f in await frames_for(comm, 1.5))
+    assert [r[1] for r in await transcript(session)] == ["client"]
+    await comm.disconnect()
+
+
 # -- the flag is durable ---------------------------------------------------------------------
 
 

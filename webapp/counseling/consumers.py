@@ -121,7 +121,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.role = role
         self.group = session_group(self.session_id)
         self.recent: deque[float] = deque()
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        except Exception as exc:
+            # Redis down: the chat works without the group (a crisis gets its safe reply
+            # on this socket); other tabs' frames arrive once the join succeeds.
+            log.warning("session %s: cannot join the group yet: %s", self.session_id, exc)
+            turns.keep(asyncio.create_task(self._join_group_later()))
         await self.accept()
         self.reauth_task = asyncio.create_task(self._reauth_loop())
         self.inbox: asyncio.Queue[tuple[dict[str, Any], bool] | None] = asyncio.Queue()
@@ -131,6 +137,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._audit_join()
             await self._broadcast(frames.control_frame(-1, paused=False, clinician_present=True))
 
+    async def _join_group_later(self) -> None:
+        delay = 0.5
+        while not getattr(self, "closed_by_disconnect", False):
+            await asyncio.sleep(delay)
+            try:
+                await self.channel_layer.group_add(self.group, self.channel_name)
+                return
+            except Exception as exc:
+                log.warning("session %s: group join failed again: %s", self.session_id, exc)
+                delay = min(delay * 2, 10.0)
+
     @database_sync_to_async
     def _audit_join(self) -> None:
         session = Session.objects.select_related("client").get(pk=self.session_id)
@@ -139,6 +156,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         )
 
     async def disconnect(self, code: int) -> None:
+        self.closed_by_disconnect = True
         task = getattr(self, "reauth_task", None)
         if task is not None:
             task.cancel()

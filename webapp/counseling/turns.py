@@ -503,8 +503,11 @@ async def _crisis(
         yield Replied(_unsaved_reply(reply))
         return
     except DatabaseError as exc:
-        log.critical("session %s: crisis message not stored: %s", msg.session_id, exc)
+        # PostgreSQL unreachable: the safe reply goes out from memory now; the message,
+        # the reply and the flag are held here and written when storage returns.
+        log.critical("session %s: crisis message held, storage down: %s", msg.session_id, exc)
         yield Replied(_unsaved_reply(reply))
+        keep(asyncio.ensure_future(_write_when_storage_returns(msg, text, assessment, reply)))
         return
     # Again after the commit: a writer that looked at the open messages before it (and
     # so still saw the superseded ones) has started since the first call.
@@ -513,6 +516,36 @@ async def _crisis(
     yield Stored(safe.message, safe.message_created)
     yield Replied(safe.reply)
     _dispatch_later(safe.dispatch)
+
+
+# Seconds between tries to write a held crisis: doubling from the first, up to the last.
+HOLD_RETRY_SECONDS = (0.5, 30.0)
+
+
+async def _write_when_storage_returns(
+    msg: ClientMessage, text: str, assessment: safety.SafetyAssessment, reply: str
+) -> None:
+    """Write a crisis held in memory (message, safe reply, flag, outbox) once PostgreSQL
+    answers again, then send the flag's notifications. Idempotent per message id, like a
+    resend. Held in this process only: the log names the session if it dies first."""
+    delay, longest = HOLD_RETRY_SECONDS
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            safe = await _own_thread(services.record_safe_reply)(
+                msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
+                assessment=assessment, reply=reply,
+            )  # fmt: skip
+        except DatabaseError as exc:
+            log.warning("session %s: held crisis still not written: %s", msg.session_id, exc)
+            delay = min(delay * 2, longest)
+            continue
+        except services.SessionError as exc:
+            log.critical("session %s: held crisis not written: %s", msg.session_id, exc.code)
+            return
+        log.warning("session %s: held crisis written (turn %s)", msg.session_id, safe.message.seq)
+        await asyncio.to_thread(_run_steps, safe.dispatch)
+        return
 
 
 async def _open_turns(session_id: int) -> list[Turn]:

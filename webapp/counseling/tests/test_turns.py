@@ -359,3 +359,93 @@ def test_the_engine_pairs_each_reply_with_the_message_it_answers() -> None:
     _reply(session.pk, 1)
     records = services.stored_turns(session).records
     assert [r.client_text for r in records] == ["first", "second"]
+
+
+# -- the safe reply survives every dependency failure -------------------------------------------
+
+
+async def _wait_for_flag(session, seconds: float = 15):  # type: ignore[no-untyped-def]
+    for _ in range(int(seconds / 0.05)):
+        flag = await sync_to_async(SafetyFlag.objects.filter(session=session).first)()
+        if flag is not None and await sync_to_async(flag.outbox.exists)():
+            return flag
+        await asyncio.sleep(0.05)
+    raise AssertionError("no crisis flag with its outbox row")
+
+
+async def test_a_crisis_with_postgres_down_is_answered_and_written_when_it_returns(
+    tiny_engine, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from django.db import OperationalError
+
+    write = services.record_safe_reply
+    storage = {"up": False}
+
+    def unreachable_until_up(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not storage["up"]:
+            raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(services, "record_safe_reply", unreachable_until_up)
+    monkeypatch.setattr(turns, "HOLD_RETRY_SECONDS", (0.1, 0.3))
+    profile, session = await sync_to_async(_client)()
+    watch, _, _, _ = await connect("/ws/notifications/", profile.clinician)
+    (comm,) = await _tabs(profile, session, 1)
+    started = time.monotonic()
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    frames = await frames_until(comm, DONE, wait=10)
+    assert time.monotonic() - started < BOUND_S
+    assert "988" in turn_texts(frames, "counselor")[0]
+    await asyncio.sleep(0.5)
+    assert await transcript(session) == []  # held, not lost: storage is still down
+
+    storage["up"] = True
+    flag = await _wait_for_flag(session)
+    assert flag.level == "crisis"
+    assert await transcript(session) == [
+        (0, "client", None, "crisis"),
+        (1, "counselor", 0, "crisis"),
+    ]
+    alert = await watch.receive_from(timeout=5)
+    assert 'data-kind="safety_flag"' in alert and 'data-level="crisis"' in alert
+    for sock in (comm, watch):
+        await sock.disconnect()
+
+
+async def test_a_socket_opened_while_redis_is_down_still_gets_the_safe_reply(
+    tiny_engine, on_private_redis
+):  # type: ignore[no-untyped-def]
+    profile, session = await sync_to_async(_client)()
+    on_private_redis.kill()
+    await asyncio.to_thread(on_private_redis.wait, 10)
+    comm, connected, _, _ = await connect(f"/ws/sessions/{session.pk}/", profile.user)
+    assert connected
+    started = time.monotonic()
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    frames = await frames_until(comm, DONE, wait=10)
+    assert time.monotonic() - started < BOUND_S
+    assert "988" in turn_texts(frames, "counselor")[0]
+    assert (await _wait_for_flag(session)).level == "crisis"
+    await comm.disconnect()
+
+
+async def test_an_engine_that_cannot_be_rebuilt_still_gives_the_safe_reply(
+    tiny_engine, monkeypatch
+):  # type: ignore[no-untyped-def]
+    def cannot_rebuild(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ValueError("memory item 7 could not be decrypted")
+
+    monkeypatch.setattr(turns, "counselor_for", cannot_rebuild)
+    profile, session = await sync_to_async(_client)()
+    (comm,) = await _tabs(profile, session, 1)
+    await send(comm, type="message", text="I feel anxious about work", client_msg_id="a1")
+    failed = await frames_until(comm, r'data-code="internal_error"', wait=10)
+    assert 'name="client_msg_id" value="a1"' in failed[-1]  # "Try again", message kept
+    started = time.monotonic()
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    frames = await frames_until(comm, DONE, wait=10)
+    assert time.monotonic() - started < BOUND_S
+    assert "988" in turn_texts(frames, "counselor")[0]
+    assert (await _wait_for_flag(session)).level == "crisis"
+    assert [r[1] for r in await transcript(session)] == ["client", "client", "counselor"]
+    await comm.disconnect()

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models import Q
 
 from counselor_engine.safety import SafetyAssessment
 from webapp.accounts.consumers import user_group
-from webapp.accounts.models import ClientProfile
+from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Session, Turn
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
@@ -96,3 +97,24 @@ def _queue_delivery() -> None:
         deliver_alerts.delay()
     except Exception as exc:  # broker down: the outbox row waits for the next drain
         log.warning("could not queue alert delivery: %s", exc)
+
+
+def failed_deliveries(*, clinician: User | None = None) -> list[AlertOutbox]:
+    """Alert e-mails that failed all their tries (or could not be sent: no address) for
+    flags nobody has acknowledged yet; for one clinician, those addressed to them or
+    about their clients."""
+    rows = AlertOutbox.objects.filter(
+        status=AlertOutbox.Status.FAILED, flag__acknowledged_at__isnull=True
+    ).select_related("flag__client", "recipient")
+    if clinician is not None:
+        rows = rows.filter(
+            Q(recipient=clinician) | Q(flag__client__client_profile__clinician=clinician)
+        )
+    return list(rows.order_by("-created_at")[:50])
+
+
+def clinicians_without_email() -> list[User]:
+    """Active clinicians no crisis alert can reach by e-mail: a configuration error."""
+    return list(
+        User.objects.filter(role=Role.CLINICIAN, is_active=True, email="").order_by("username")
+    )

@@ -308,10 +308,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
                         break
             except Exception:
                 log.exception("session %s: message failed", self.session_id)
-                with contextlib.suppress(Exception):  # the socket may be gone
-                    await self.send(
-                        frames.error_frame(-1, "internal_error", "Something went wrong. Try again.")
-                    )
+                await events.aclose()  # type: ignore[attr-defined]
+                await self._send_quietly(
+                    frames.error_frame(-1, "internal_error", "Something went wrong. Try again.")
+                )
 
     def _turn_events(self, data: dict[str, Any], *, retry: bool) -> AsyncIterator[turns.TurnEvent]:
         msg_id = data.get("client_msg_id") or ""
@@ -329,16 +329,24 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self._emit(event)
         except Exception:
             log.exception("session %s: reply failed", self.session_id)
-            with contextlib.suppress(Exception):
-                await self._broadcast(
-                    frames.clear_pending_frame()
-                    + frames.error_frame(-1, "internal_error", "Something went wrong. Try again.")
-                )
+            await self._broadcast(
+                frames.clear_pending_frame()
+                + frames.error_frame(-1, "internal_error", "Something went wrong. Try again.")
+            )
+        finally:
+            # Lets go of the session's writer at once, whatever happened above.
+            await events.aclose()  # type: ignore[attr-defined]
+
+    async def _send_quietly(self, frame: str) -> None:
+        """To this socket only; a page that went away does not stop the turn (its reply
+        is still stored, and its other tabs still get their frames)."""
+        with contextlib.suppress(Exception):
+            await self.send(frame)
 
     async def _emit(self, event: turns.TurnEvent) -> None:
         """One turn event as frames: to this socket, or to every tab of the session."""
         if isinstance(event, turns.Rejected):
-            await self.send(
+            await self._send_quietly(
                 frames.error_frame(
                     -1,
                     event.code,
@@ -351,7 +359,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             if event.new:
                 await self._broadcast(frames.turn_frame(event.turn))
         elif isinstance(event, turns.Queued):
-            await self.send(frames.queued_frame(event.seq))
+            await self._send_quietly(frames.queued_frame(event.seq))
         elif isinstance(event, turns.Paused):
             await self._broadcast(
                 frames.control_frame(event.seq, paused=True, clinician_present=True)

@@ -303,7 +303,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             try:
                 async for event in events:
                     await self._emit(event)
-                    if isinstance(event, turns.Stored):
+                    if isinstance(event, turns.Stored | turns.Held):
                         turns.keep(asyncio.create_task(self._follow(events)))
                         break
             except Exception:
@@ -353,6 +353,16 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     event.message,
                     retry_msg_id=event.retry_msg_id,
                     resend_text=event.resend_text,
+                )
+            )
+        elif isinstance(event, turns.Held):
+            await self._send_quietly(
+                frames.error_frame(
+                    -1,
+                    "held",
+                    "Your message is kept and will be saved as soon as storage is back.",
+                    retry_msg_id=event.msg_id,
+                    resend_text=event.text,
                 )
             )
         elif isinstance(event, turns.Stored):

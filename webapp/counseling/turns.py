@@ -62,6 +62,11 @@ log = logging.getLogger(__name__)
 MAX_MSG_ID = 64
 # How often a message waiting behind another reply looks again (it is stored already).
 POLL_SECONDS = 0.2
+# Seconds between tries to write a message held while PostgreSQL is down: doubling from
+# the first, up to the second. A plain message is held at most HOLD_LIMIT_SECONDS (then
+# offered back to send again); a crisis is held until it is written.
+HOLD_RETRY_SECONDS = (0.5, 30.0)
+HOLD_LIMIT_SECONDS = 600.0
 
 # Work that outlives its socket (a reply whose page went away is still stored; a flag's
 # notifications): the loop keeps only weak references to tasks, so we keep strong ones.
@@ -88,6 +93,16 @@ class Rejected:
     message: str
     retry_msg_id: str = ""
     resend_text: str = ""
+
+
+@dataclass(frozen=True)
+class Held:
+    """Storage is down: the message is kept in this process and written (then answered)
+    as soon as PostgreSQL is back; for the sender, with the text to send again in case
+    this process does not live that long (the same id is stored once)."""
+
+    msg_id: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -153,7 +168,9 @@ class Withdrawn:
     seq: int
 
 
-TurnEvent = Rejected | Stored | Queued | Paused | Writing | Token | Replied | Failed | Withdrawn
+TurnEvent = (
+    Rejected | Held | Stored | Queued | Paused | Writing | Token | Replied | Failed | Withdrawn
+)
 
 
 @dataclass(frozen=True)
@@ -436,7 +453,12 @@ async def client_message(
         return
     text = msg.text
     if msg.retry:
-        text = await database_sync_to_async(_stored_text)(msg.session_id, msg.msg_id)
+        try:
+            text = await database_sync_to_async(_stored_text)(msg.session_id, msg.msg_id)
+        except DatabaseError as exc:
+            log.warning("session %s: retry not read, storage down: %s", msg.session_id, exc)
+            yield _storage_down(msg)
+            return
         if text is None:
             yield Rejected("nothing_to_retry", "There is nothing to retry.")
             return
@@ -454,18 +476,31 @@ async def client_message(
         async for event in _crisis(msg, text, assessment):
             yield event
         return
-    try:
-        turn, created, dispatch = await database_sync_to_async(services.store_client_message)(
-            msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
-            assessment=assessment,
-        )  # fmt: skip
-    except services.SessionError as exc:
-        yield Rejected(exc.code, exc.message)
-        return
-    except DatabaseError as exc:
-        log.warning("session %s: message not stored: %s", msg.session_id, exc)
-        yield _storage_down(msg)
-        return
+    delay, longest = HOLD_RETRY_SECONDS
+    held_since: float | None = None
+    while True:
+        try:
+            turn, created, dispatch = await database_sync_to_async(
+                services.store_client_message
+            )(msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
+              assessment=assessment)  # fmt: skip
+            break
+        except services.SessionError as exc:
+            yield Rejected(exc.code, exc.message)
+            return
+        except DatabaseError as exc:
+            now = asyncio.get_running_loop().time()
+            if held_since is None:
+                log.warning("session %s: message held, storage down: %s", msg.session_id, exc)
+                held_since = now
+                yield Held(msg.msg_id, text)
+            elif now - held_since > HOLD_LIMIT_SECONDS:
+                log.error("session %s: held message given up after %.0f s", msg.session_id,
+                          now - held_since)  # fmt: skip
+                yield _storage_down(msg)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
     _dispatch_later(dispatch)
     yield Stored(turn, created)
     async for event in _answer_in_order(msg.session_id, turn, assessment, overrides):
@@ -490,7 +525,7 @@ async def _crisis(
     msg: ClientMessage, text: str, assessment: safety.SafetyAssessment
 ) -> AsyncIterator[TurnEvent]:
     """The safe reply first, whatever else is happening in the session."""
-    reply = safety.safe_response(settings.PSYEVO_SAFETY_LOCALE)
+    reply = safety.safe_response(str(settings.PSYEVO_SAFETY_LOCALE))
     supersede(msg.session_id)
     try:
         safe = await _own_thread(services.record_safe_reply)(
@@ -516,10 +551,6 @@ async def _crisis(
     yield Stored(safe.message, safe.message_created)
     yield Replied(safe.reply)
     _dispatch_later(safe.dispatch)
-
-
-# Seconds between tries to write a held crisis: doubling from the first, up to the last.
-HOLD_RETRY_SECONDS = (0.5, 30.0)
 
 
 async def _write_when_storage_returns(
@@ -656,7 +687,7 @@ async def _answer(
                 yield Failed(reply_seq, "internal_error", "Something went wrong. Try again.", retry)
                 return
             if event is _SUPERSEDED:
-                log.info("session %s: reply to turn %s superseded", session_id, turn.seq)
+                _record_superseded(session_id, turn, "stopped while written")
                 yield Withdrawn(reply_seq)
                 return
             if isinstance(event, TokenEvent):
@@ -678,6 +709,28 @@ async def _answer(
             await events.aclose()  # type: ignore[attr-defined]
 
 
+def _write_superseded(session_id: int, seq: int, how: str) -> None:
+    from webapp.counseling.models import Session
+    from webapp.oversight import audit
+
+    try:
+        session = Session.objects.select_related("client").get(pk=session_id)
+        audit.record(
+            None, "turn.superseded", subject=session.client, target=f"session:{session_id}",
+            turn=seq, how=how,
+        )  # fmt: skip
+    except DatabaseError as exc:
+        log.warning("session %s: superseded reply to turn %s not recorded: %s",
+                    session_id, seq, exc)  # fmt: skip
+
+
+def _record_superseded(session_id: int, turn: Turn, how: str) -> None:
+    """A reply that was being written and will never be shown: an audit row says so (the
+    clinician's review shows the message with no reply, and this is why)."""
+    log.info("session %s: reply to turn %s superseded (%s)", session_id, turn.seq, how)
+    keep(asyncio.ensure_future(_own_thread(_write_superseded)(session_id, turn.seq, how)))
+
+
 async def _commit(
     session_id: int, turn: Turn, event: DoneEvent, reply_seq: int
 ) -> AsyncIterator[TurnEvent]:
@@ -687,7 +740,7 @@ async def _commit(
             safety_level=event.safety_level, in_reply_to=turn.seq,
         )  # fmt: skip
     except services.Superseded:
-        log.info("session %s: reply to turn %s superseded at commit", session_id, turn.seq)
+        _record_superseded(session_id, turn, "refused at commit")
         yield Withdrawn(reply_seq)
         return
     except services.SessionError as exc:

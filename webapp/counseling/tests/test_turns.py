@@ -90,6 +90,20 @@ def transcript(session) -> list[tuple[int, str, int | None, str]]:  # type: igno
     ]
 
 
+async def _superseded(session, seconds: float = 5) -> list[int]:  # type: ignore[no-untyped-def]
+    """The client turns whose reply was superseded, as the audit log records them."""
+    from webapp.oversight.models import AuditEvent
+
+    for _ in range(int(seconds / 0.05)):
+        rows = await sync_to_async(list)(
+            AuditEvent.objects.filter(action="turn.superseded", target=f"session:{session.pk}")
+        )
+        if rows:
+            return sorted(r.detail["turn"] for r in rows)
+        await asyncio.sleep(0.05)
+    return []
+
+
 async def _tabs(profile, session, n: int = 2):  # type: ignore[no-untyped-def]
     socks = []
     for _ in range(n):
@@ -134,6 +148,7 @@ async def test_a_crisis_from_a_second_tab_mid_reply_gets_the_safe_reply_at_once(
         (1, "client", None, "crisis"),
         (2, "counselor", 1, "crisis"),
     ]
+    assert await _superseded(session) == [0]  # recorded, for the clinician's review
     for comm in (tab1, tab2, watch):
         await comm.disconnect()
 
@@ -410,6 +425,37 @@ async def test_a_crisis_with_postgres_down_is_answered_and_written_when_it_retur
     assert 'data-kind="safety_flag"' in alert and 'data-level="crisis"' in alert
     for sock in (comm, watch):
         await sock.disconnect()
+
+
+async def test_a_message_sent_with_postgres_down_is_held_then_stored_and_answered(
+    tiny_engine, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from django.db import OperationalError
+
+    store = services.store_client_message
+    storage = {"up": False}
+
+    def unreachable_until_up(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not storage["up"]:
+            raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(services, "store_client_message", unreachable_until_up)
+    monkeypatch.setattr(turns, "HOLD_RETRY_SECONDS", (0.1, 0.3))
+    profile, session = await sync_to_async(_client)()
+    (comm,) = await _tabs(profile, session, 1)
+    await send(comm, type="message", text="work has been hard", client_msg_id="h1")
+    held = await frames_until(comm, r'data-code="held"', wait=10)
+    # Kept by the server, and offered back with its id in case this server goes first.
+    assert 'name="client_msg_id" value="h1"' in held[-1]
+    assert 'name="text" value="work has been hard"' in held[-1]
+    assert await transcript(session) == []
+
+    storage["up"] = True
+    frames = await frames_until(comm, DONE, wait=60)
+    assert turn_texts(frames, "client") == ["work has been hard"]
+    assert [r[1] for r in await transcript(session)] == ["client", "counselor"]
+    await comm.disconnect()
 
 
 async def test_a_socket_opened_while_redis_is_down_still_gets_the_safe_reply(

@@ -232,6 +232,7 @@ async def test_it_closes_the_socket_soon_after_logout(chat, settings):  # type: 
     assert connected
     await sync_to_async(DjangoSession.objects.filter(session_key=key).delete)()
     assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+    await comm.disconnect()  # as the server would report it: the consumer's tasks end
 
 
 async def test_a_crisis_gets_the_safe_reply_and_alerts_the_clinician_with_the_model_down(

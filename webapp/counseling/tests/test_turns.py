@@ -268,10 +268,16 @@ async def test_a_safe_reply_is_never_stored_without_its_flag(tiny_engine, monkey
 
     from webapp.oversight import alerts
 
-    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise DatabaseError("could not extend file: No space left on device")
+    store_flag = alerts.store_flag
+    disk = {"full": True}
 
-    monkeypatch.setattr(alerts, "store_flag", broken)
+    def full_until_freed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if disk["full"]:
+            raise DatabaseError("could not extend file: No space left on device")
+        return store_flag(*args, **kwargs)
+
+    monkeypatch.setattr(alerts, "store_flag", full_until_freed)
+    monkeypatch.setattr(turns, "HOLD_RETRY_SECONDS", (0.1, 0.3))
     profile, session = await sync_to_async(_client)()
     (comm,) = await _tabs(profile, session, 1)
     started = time.monotonic()
@@ -279,8 +285,12 @@ async def test_a_safe_reply_is_never_stored_without_its_flag(tiny_engine, monkey
     frames = await frames_until(comm, DONE, wait=10)
     assert time.monotonic() - started < BOUND_S
     assert "988" in turn_texts(frames, "counselor")[0]
+    await asyncio.sleep(0.5)
     assert await transcript(session) == []
     assert not await sync_to_async(SafetyFlag.objects.exists)()
+    disk["full"] = False  # then all of it is written, together
+    assert (await _wait_for_flag(session)).level == "crisis"
+    assert [r[1] for r in await transcript(session)] == ["client", "counselor"]
     await comm.disconnect()
 
 

@@ -144,8 +144,11 @@ def _frontier(session: Session) -> int:
 
 
 def open_client_turns(session_id: int) -> list[Turn]:
-    """The client turns still waiting for a reply, oldest first (answered in this order)."""
+    """The client turns still waiting for a reply, oldest first (answered in this order);
+    none once the session is no longer open."""
     session = Session.objects.get(pk=session_id)
+    if session.status != Session.Status.OPEN:
+        return []
     return list(
         session.turns.filter(role=Turn.Role.CLIENT, seq__gt=_frontier(session)).order_by("seq")
     )

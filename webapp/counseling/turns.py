@@ -783,13 +783,14 @@ async def clinician_message(
 async def end_session(
     session_id: int, rating: Rating | None, *, overrides: dict[str, Any] | None = None
 ) -> Any:
-    """The session end: replies being written here stop; one still being written
-    elsewhere finds the session ENDED when it commits and stores nothing. Returns the
-    engine's ``SessionOutcome``."""
-    supersede(session_id)
+    """The session end. A reply still being written finds the session ENDED when it
+    commits and stores nothing; once the end is committed, the ones written in this
+    process also stop streaming (other processes stop on the session-end broadcast).
+    Returns the engine's ``SessionOutcome``."""
     counselor, _ = await database_sync_to_async(counselor_for)(
         session_id, "end", overrides=overrides
     )
     outcome = await counselor.end_session(rating)
     await database_sync_to_async(services.finish_session)(session_id, outcome, rating)
+    supersede(session_id)
     return outcome

@@ -434,8 +434,11 @@ def _assessment_of(turn: Turn) -> safety.SafetyAssessment:
 
 def _build(
     session_id: int, seq: int, overrides: Overrides | None
-) -> tuple[Counselor, bool, AdapterVersion | None]:
-    """The engine for this session rebuilt from storage, the AI pause, the pinned version."""
+) -> tuple[Counselor, bool, AdapterVersion | None] | None:
+    """The engine for this session rebuilt from storage, the AI pause, the pinned version;
+    None when the message is answered already (a crisis' safe reply covered it)."""
+    if all(t.seq != seq for t in services.open_client_turns(session_id)):
+        return None
     counselor, session = counselor_for(
         session_id, seq, overrides=overrides(seq) if overrides else None
     )
@@ -526,7 +529,6 @@ async def _crisis(
 ) -> AsyncIterator[TurnEvent]:
     """The safe reply first, whatever else is happening in the session."""
     reply = safety.safe_response(str(settings.PSYEVO_SAFETY_LOCALE))
-    supersede(msg.session_id)
     try:
         safe = await _own_thread(services.record_safe_reply)(
             msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
@@ -544,8 +546,10 @@ async def _crisis(
         yield Replied(_unsaved_reply(reply))
         keep(asyncio.ensure_future(_write_when_storage_returns(msg, text, assessment, reply)))
         return
-    # Again after the commit: a writer that looked at the open messages before it (and
-    # so still saw the superseded ones) has started since the first call.
+    # After the commit, and only for the messages before this one: a resend of an old
+    # crisis must not stop the reply to a later message. A writer whose engine was built
+    # from storage before this commit registered its flight before that read, so it is
+    # stopped here; one built after it sees its message answered (``_build``).
     supersede(msg.session_id, safe.message.seq)
     keep(asyncio.ensure_future(announce_supersede(msg.session_id, safe.message.seq)))
     yield Stored(safe.message, safe.message_created)
@@ -614,6 +618,9 @@ async def _answer_in_order(
             await asyncio.sleep(POLL_SECONDS)
             continue
         try:
+            # Looked at again now that this is the writer: the look above may predate the
+            # reply of the writer that just let go (or a crisis' safe reply).
+            waiting = await _open_turns(session_id)
             while waiting:
                 turn = waiting[0]
                 verdict = assessment if turn.seq == own.seq else _assessment_of(turn)
@@ -635,12 +642,31 @@ async def _answer(
     assessment: safety.SafetyAssessment,
     overrides: Overrides | None,
 ) -> AsyncIterator[TurnEvent]:
-    """One reply to one stored client turn (the caller holds the session's writer)."""
+    """One reply to one stored client turn (the caller holds the session's writer).
+
+    The flight is registered BEFORE the engine is built from storage: a crisis that
+    commits after that read stops it; one that committed before it is seen by it."""
+    flight = _Flight(session_id, turn.seq)
+    _flights.setdefault(session_id, set()).add(flight)
+    try:
+        async for event in _answer_flight(session_id, turn, assessment, overrides, flight):
+            yield event
+    finally:
+        _flights.get(session_id, set()).discard(flight)
+        if not _flights.get(session_id):
+            _flights.pop(session_id, None)
+
+
+async def _answer_flight(
+    session_id: int,
+    turn: Turn,
+    assessment: safety.SafetyAssessment,
+    overrides: Overrides | None,
+    flight: _Flight,
+) -> AsyncIterator[TurnEvent]:
     retry = turn.client_msg_id
     try:
-        counselor, paused, version = await database_sync_to_async(_build)(
-            session_id, turn.seq, overrides
-        )
+        built = await database_sync_to_async(_build)(session_id, turn.seq, overrides)
     except DatabaseError as exc:
         log.warning("session %s: engine not rebuilt, database unavailable: %s", session_id, exc)
         yield Failed(turn.seq, "storage_unavailable",
@@ -650,6 +676,9 @@ async def _answer(
         log.exception("session %s: engine rebuild failed", session_id)
         yield Failed(turn.seq, "internal_error", "Something went wrong. Try again.", retry)
         return
+    if built is None:
+        return  # answered meanwhile: nothing was shown for it
+    counselor, paused, version = built
     if paused:
         yield Paused(turn.seq)
         return
@@ -668,9 +697,10 @@ async def _answer(
         except BackendError as exc:  # the engine then answers with an error event
             log.warning("session %s: cannot load %s: %s", session_id, version.name, exc)
     reply_seq = turn.seq + 1
+    if flight.stop.is_set():  # a crisis came in while the engine was being built
+        _record_superseded(session_id, turn, "stopped before it was written")
+        return
     yield Writing(reply_seq)
-    flight = _Flight(session_id, turn.seq)
-    _flights.setdefault(session_id, set()).add(flight)
     events = counselor.respond(turn.text, assessment=assessment)
     tokens = 0
     try:
@@ -702,9 +732,6 @@ async def _answer(
                 return
             # SkillEvent, SafetyEvent: the flag was raised when the message was stored.
     finally:
-        _flights.get(session_id, set()).discard(flight)
-        if not _flights.get(session_id):
-            _flights.pop(session_id, None)
         with contextlib.suppress(Exception):
             await events.aclose()  # type: ignore[attr-defined]
 

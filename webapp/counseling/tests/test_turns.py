@@ -203,6 +203,31 @@ async def test_a_message_sent_while_another_server_writes_is_stored_and_answered
     await comm.disconnect()
 
 
+async def test_a_resent_old_crisis_does_not_stop_the_reply_to_a_later_message(held_model):  # type: ignore[no-untyped-def]
+    """A page that missed the safe reply sends the crisis again (same id): it gets the
+    stored safe reply, and the reply being written for a LATER message still arrives."""
+    profile, session = await sync_to_async(_client)()
+    (comm,) = await _tabs(profile, session, 1)
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    await frames_until(comm, DONE, wait=10)
+    await send(comm, type="message", text="thank you for the numbers", client_msg_id="d1")
+    await frames_until(comm, WRITING)
+    await asyncio.wait_for(held_model.started.wait(), 10)
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    again = await frames_until(comm, DONE, wait=10)
+    assert "988" in turn_texts(again, "counselor")[0]
+    held_model.release.set()
+    later = await frames_until(comm, DONE, wait=60)
+    assert turn_texts(later, "counselor") and "988" not in turn_texts(later, "counselor")[0]
+    assert [(r[1], r[2]) for r in await transcript(session)] == [
+        ("client", None),
+        ("counselor", 0),
+        ("client", None),
+        ("counselor", 2),
+    ]
+    await comm.disconnect()
+
+
 async def test_a_crisis_on_another_server_stops_the_reply_written_here(held_model):  # type: ignore[no-untyped-def]
     """The crisis' server announces it on the session's group: this server's writer stops
     streaming the superseded reply and clears its bubble."""

@@ -79,8 +79,13 @@ TURN = re.compile(
     r'(?: data-reply-to="(\d+)")?(?: data-msg-id="([^"]*)")?'
 )
 # Every SECOND_TAB-th session has a second chat socket (another tab of the same client)
-# sending its own messages into the same session at the same time.
+# sending its own messages into the same session at the same time; every CRISIS_EVERY-th
+# of them is a crisis, sent while the other tab's reply is being written.
 SECOND_TAB = 4
+CRISIS_EVERY = 3
+CRISIS = "honestly I am done, I have the pills counted out and I am taking them tonight"
+BUSY = 'class="status busy"'
+
 ERROR = re.compile(r'role="alert" data-code="([a-z_]+)"')
 CONTROL = 'id="control"'
 # Small rounds on the tiny model (the training worker reads them from its environment).
@@ -195,6 +200,8 @@ class Stats:
     errors: Counter[str] = field(default_factory=Counter)
     reconnects: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     phase: str = "steady"
+    crisis_sent: dict[str, float] = field(default_factory=dict)  # sent while busy -> when
+    crisis_answered: dict[str, float] = field(default_factory=dict)  # -> seconds to safe reply
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -211,12 +218,15 @@ class View:
     seen: dict[int, str] = field(default_factory=dict)
     reply_to: dict[int, int | None] = field(default_factory=dict)  # reply seq -> message seq
     msg_ids: dict[str, int] = field(default_factory=dict)  # client message id -> seq
+    busy: bool = False  # the status says a reply is being written
 
     @property
     def last_seq(self) -> int:
         return max(self.seen, default=-1)
 
     def absorb(self, frame: str) -> list[tuple[int, str]]:
+        if 'id="status"' in frame:
+            self.busy = BUSY in frame
         new = []
         for role, seq, _, asked, msg_id in TURN.findall(frame):
             if int(seq) not in self.seen:
@@ -234,6 +244,21 @@ class View:
         return any(
             s > seq and (asked is None or asked >= seq) for s, asked in self.reply_to.items()
         )
+
+
+def message(index: int, k: int, tab: str) -> str:
+    if tab and k % CRISIS_EVERY == CRISIS_EVERY - 1:
+        return CRISIS
+    return MESSAGES[(index + k) % len(MESSAGES)]
+
+
+async def until_busy(ws: Any, view: View, seconds: float) -> bool:
+    """Read frames until the session's status says a reply is being written."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while not view.busy:
+                view.absorb(str(await ws.recv()))
+    return view.busy
 
 
 async def client(
@@ -262,7 +287,7 @@ async def client(
         if pending is None:
             if time.monotonic() >= stop_at:
                 return
-            pending, ack_seq = (f"{name}-{k}", MESSAGES[(index + k) % len(MESSAGES)]), None
+            pending, ack_seq = (f"{name}-{k}", message(index, k, tab)), None
             stats.sent[pending[0]] = account.session_id
             k += 1
         base = urls[server]
@@ -293,11 +318,18 @@ async def client(
                         await asyncio.sleep(think * rng.uniform(0.5, 1.5))
                         if time.monotonic() >= stop_at:
                             return
-                        pending = (f"{name}-{k}", MESSAGES[(index + k) % len(MESSAGES)])
+                        pending = (f"{name}-{k}", message(index, k, tab))
                         ack_seq = None
                         stats.sent[pending[0]] = account.session_id
                         k += 1
                         continue
+                    # A crisis counts only when sent while the other tab's reply is written.
+                    if (
+                        text == CRISIS
+                        and msg_id not in stats.crisis_sent
+                        and await until_busy(ws, view, 30)
+                    ):
+                        stats.crisis_sent[msg_id] = time.monotonic()
                     await ws.send(
                         json.dumps({"type": "message", "text": text, "client_msg_id": msg_id})
                     )
@@ -309,6 +341,11 @@ async def client(
                                 ack_seq = view.msg_ids[msg_id]
                                 stats.acked.add(msg_id)
                             if ack_seq is not None and view.answered(ack_seq):
+                                sent_at = stats.crisis_sent.get(msg_id)
+                                if sent_at is not None and "988" in frame:
+                                    stats.crisis_answered.setdefault(
+                                        msg_id, time.monotonic() - sent_at
+                                    )
                                 break
                             error = ERROR.search(frame)
                             if error:
@@ -448,8 +485,9 @@ def judge(stats: Stats) -> dict[str, int]:
 
     client_turns: Counter[str] = Counter()
     replies: Counter[str] = Counter()
+    superseded: set[str] = set()  # open when a crisis' safe reply covered it (by design)
     current: dict[int, str] = {}
-    by_seq: dict[tuple[int, int], str] = {}
+    waiting: dict[int, list[tuple[int, str]]] = defaultdict(list)  # open, per session
     rows = Turn.objects.filter(session_id__in=set(stats.sent.values())).order_by(
         "session_id", "seq"
     )
@@ -458,18 +496,25 @@ def judge(stats: Stats) -> dict[str, int]:
         if role == "client":
             client_turns[msg_id] += 1
             current[session_id] = msg_id
-            by_seq[(session_id, seq)] = msg_id
+            waiting[session_id].append((seq, msg_id))
         elif role == "counselor" and asked is not None:  # a reply names its message
-            replies[by_seq[(session_id, asked)]] += 1
+            for open_seq, open_id in waiting[session_id]:
+                if open_seq == asked:
+                    replies[open_id] += 1
+                elif open_seq < asked:
+                    superseded.add(open_id)
+            waiting[session_id] = [(q, m) for q, m in waiting[session_id] if q > asked]
         elif role == "counselor" and session_id in current:
             replies[current[session_id]] += 1
+            waiting[session_id] = []
     sent = list(stats.sent)
     return {
         "sent": len(sent),
         "committed": sum(1 for m in sent if client_turns[m] > 0),
         "answered": sum(1 for m in sent if replies[m] > 0),
         "lost": sum(1 for m in stats.acked if client_turns[m] == 0)
-        + sum(1 for m in stats.answered if replies[m] == 0),
+        + sum(1 for m in stats.answered if replies[m] == 0 and m not in superseded),
+        "superseded_by_crisis": sum(1 for m in sent if m in superseded and replies[m] == 0),
         "duplicated": sum(1 for m in sent if client_turns[m] > 1)
         + sum(1 for m in sent if replies[m] > 1),
         "unfinished": sum(1 for m in sent if m not in stats.answered),
@@ -579,6 +624,12 @@ def summarise(args: argparse.Namespace, stats: Stats, verdict: dict[str, int],
         "asgi_servers": args.asgi,
         **verdict,
         "errors_by_code": dict(stats.errors),
+        "crisis_while_busy": {
+            "sent": len(stats.crisis_sent),
+            "answered": len(stats.crisis_answered),
+            "p95_s": round(pct(list(stats.crisis_answered.values()), 95), 2),
+            "max_s": round(max(stats.crisis_answered.values(), default=float("nan")), 2),
+        },
         "reconnect": reconnect,
         "faults": {
             k: report[k]

@@ -583,8 +583,18 @@ async def _write_when_storage_returns(
         return
 
 
-async def _open_turns(session_id: int) -> list[Turn]:
-    return await database_sync_to_async(services.open_client_turns)(session_id)  # type: ignore[no-any-return]
+async def _open_turns(session_id: int) -> list[Turn] | None:
+    """The open client turns; None while PostgreSQL is unreachable (logged)."""
+    try:
+        return await database_sync_to_async(services.open_client_turns)(session_id)  # type: ignore[no-any-return]
+    except DatabaseError as exc:
+        log.warning("session %s: database unavailable: %s", session_id, exc)
+        return None
+
+
+def _not_written(turn: Turn) -> Failed:
+    return Failed(turn.seq, "storage_unavailable",
+                  "The reply could not be written just now. Try again.", turn.client_msg_id)  # fmt: skip
 
 
 async def _answer_in_order(
@@ -601,12 +611,9 @@ async def _answer_in_order(
     finds the writer free at its own next look."""
     told = False
     while True:
-        try:
-            waiting = await _open_turns(session_id)
-        except DatabaseError as exc:
-            log.warning("session %s: database unavailable: %s", session_id, exc)
-            yield Failed(own.seq, "storage_unavailable",
-                         "The reply could not be written just now. Try again.", own.client_msg_id)  # fmt: skip
+        waiting = await _open_turns(session_id)
+        if waiting is None:
+            yield _not_written(own)
             return
         if all(t.seq != own.seq for t in waiting):
             return  # answered by the writer, or superseded by a crisis
@@ -621,6 +628,9 @@ async def _answer_in_order(
             # Looked at again now that this is the writer: the look above may predate the
             # reply of the writer that just let go (or a crisis' safe reply).
             waiting = await _open_turns(session_id)
+            if waiting is None:
+                yield _not_written(own)
+                return
             while waiting:
                 turn = waiting[0]
                 verdict = assessment if turn.seq == own.seq else _assessment_of(turn)
@@ -631,6 +641,12 @@ async def _answer_in_order(
                 if not finished:
                     return
                 waiting = await _open_turns(session_id)
+                if waiting is None:
+                    # That reply is stored. Our own message, if still ahead, says so; the
+                    # others' handlers find storage down at their own next look.
+                    if turn.seq < own.seq:
+                        yield _not_written(own)
+                    return
         finally:
             await writer.release()
         return

@@ -493,6 +493,35 @@ async def test_a_message_sent_with_postgres_down_is_held_then_stored_and_answere
     await comm.disconnect()
 
 
+async def test_postgres_lost_between_two_queued_replies_offers_try_again(held_model, monkeypatch):  # type: ignore[no-untyped-def]
+    """The first reply is stored; storage then goes before the writer looks for the next
+    message: that message is offered "Try again" (kept), never "Something went wrong"."""
+    from django.db import OperationalError
+
+    profile, session = await sync_to_async(_client)()
+    tab1, tab2 = await _tabs(profile, session)
+    await send(tab1, type="message", text="I feel anxious about work", client_msg_id="a1")
+    await frames_until(tab1, WRITING)
+    await asyncio.wait_for(held_model.started.wait(), 10)
+    await send(tab2, type="message", text="and my sister is visiting", client_msg_id="b1")
+    await frames_until(tab2, r"will answer it after the current reply", wait=10)
+
+    def unreachable(session_id):  # type: ignore[no-untyped-def]
+        raise OperationalError("the database system is shutting down")
+
+    monkeypatch.setattr(services, "open_client_turns", unreachable)
+    held_model.release.set()
+    first = await frames_until(tab1, DONE, wait=60)
+    assert len(turn_texts(first, "counselor")) == 1
+    offered = await frames_until(tab2, r'data-code="storage_unavailable"', wait=30)
+    assert 'name="client_msg_id" value="b1"' in offered[-1]
+    everything = first + offered + await frames_for(tab1, 0.5)
+    assert not any('data-code="internal_error"' in f for f in everything)
+    assert [r[1] for r in await transcript(session)] == ["client", "client", "counselor"]
+    for comm in (tab1, tab2):
+        await comm.disconnect()
+
+
 async def test_a_socket_opened_while_redis_is_down_still_gets_the_safe_reply(
     tiny_engine, on_private_redis
 ):  # type: ignore[no-untyped-def]

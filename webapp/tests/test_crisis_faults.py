@@ -109,7 +109,13 @@ async def test_it_answers_a_crisis_and_keeps_the_alert_with_no_celery_worker(tin
     await _assert_flagged(session, model_rule=False)
     outbox = await sync_to_async(AlertOutbox.objects.get)(flag__session=session)
     assert outbox.status == AlertOutbox.Status.PENDING  # waits for a worker, not lost
-    assert broker.llen("default") > queued_before  # the delivery task waits in the queue
+    # The delivery task is queued after the safe reply has gone out (the turn API runs the
+    # flag's notifications last): it waits in the queue, for a worker that never comes.
+    for _ in range(100):
+        if broker.llen("default") > queued_before:
+            break
+        await asyncio.sleep(0.05)
+    assert broker.llen("default") > queued_before
     await comm.disconnect()
 
 

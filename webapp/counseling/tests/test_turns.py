@@ -249,6 +249,33 @@ async def test_a_crisis_on_another_server_stops_the_reply_written_here(held_mode
     await comm.disconnect()
 
 
+async def test_a_concern_is_flagged_with_its_message_and_still_answered_by_the_model(
+    tiny_engine,
+):  # type: ignore[no-untyped-def]
+    """A concern is assessed once, flagged in the transaction that stores the message (no
+    e-mail: that is for a crisis), and then answered by the model as usual."""
+    text = "my friend said she wants to kill herself"
+    assert safety.assess(text).level == "concern"
+    profile, session = await sync_to_async(_client)()
+    watch, _, _, _ = await connect("/ws/notifications/", profile.clinician)
+    (comm,) = await _tabs(profile, session, 1)
+    await send(comm, type="message", text=text, client_msg_id="k1")
+    frames = await frames_until(comm, DONE, wait=60)
+    assert "988" not in turn_texts(frames, "counselor")[0]  # the model's reply
+    flags = await sync_to_async(
+        lambda: [(f.level, f.turn.seq, f.outbox.count()) for f in SafetyFlag.objects.all()]
+    )()
+    assert flags == [("concern", 0, 0)]
+    alert = await watch.receive_from(timeout=5)
+    assert 'data-level="concern"' in alert
+    assert await transcript(session) == [
+        (0, "client", None, "concern"),
+        (1, "counselor", 0, "concern"),
+    ]
+    for sock in (comm, watch):
+        await sock.disconnect()
+
+
 # -- the flag is durable ---------------------------------------------------------------------
 
 

@@ -103,12 +103,14 @@ def append_turn(
     author: User | None = None,
     client_msg_id: str = "",
     safety_level: str = "none",
+    even_if_ended: bool = False,
 ) -> tuple[Turn, bool]:
     """Append one turn; returns (turn, created). A repeated ``client_msg_id`` (a resend
-    after a reconnect) returns the stored turn instead of a duplicate."""
+    after a reconnect) returns the stored turn instead of a duplicate. ``even_if_ended``:
+    a crisis, kept (with its safe reply and flag) whatever the session's state."""
     with transaction.atomic():
         session = lock_session(session_id)
-        if session.status != Session.Status.OPEN:
+        if session.status != Session.Status.OPEN and not even_if_ended:
             raise SessionError("session_closed", "This session has ended.")
         if client_msg_id:
             found = session.turns.filter(client_msg_id=client_msg_id).first()
@@ -204,6 +206,9 @@ def record_safe_reply(
 ) -> SafeTurn:
     """A crisis in ONE transaction: the client's message, the safe reply, the crisis
     flag and its email outbox row. No crash can leave a safe reply without its flag.
+    Also in a session that has ended (a page left open after the end, or reconnected to
+    it): the clinician must hear of it; an ended session still takes no model reply and
+    no evidence.
 
     Idempotent per ``client_msg_id``: a retry finds the stored message; a safe reply
     already stored is returned (and its flag raised if it is somehow missing, a row
@@ -216,6 +221,7 @@ def record_safe_reply(
             author=author,
             client_msg_id=client_msg_id,
             safety_level="crisis",
+            even_if_ended=True,
         )
         session = lock_session(session_id)  # held already by append_turn's transaction
         answer = (

@@ -534,17 +534,17 @@ async def _crisis(
             msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
             assessment=assessment, reply=reply,
         )  # fmt: skip
-    except services.SessionError as exc:
-        # The session ended under the message: the person still gets the safe reply.
-        log.critical("session %s: crisis message after the end (%s)", msg.session_id, exc.code)
-        yield Replied(_unsaved_reply(reply))
-        return
     except DatabaseError as exc:
         # PostgreSQL unreachable: the safe reply goes out from memory now; the message,
         # the reply and the flag are held here and written when storage returns.
         log.critical("session %s: crisis message held, storage down: %s", msg.session_id, exc)
         yield Replied(_unsaved_reply(reply))
         keep(asyncio.ensure_future(_write_when_storage_returns(msg, text, assessment, reply)))
+        return
+    except Exception:
+        # Anything else (a session gone, a bug): the person still gets the safe reply.
+        log.critical("session %s: crisis message not stored", msg.session_id, exc_info=True)
+        yield Replied(_unsaved_reply(reply))
         return
     # After the commit, and only for the messages before this one: a resend of an old
     # crisis must not stop the reply to a later message. A writer whose engine was built

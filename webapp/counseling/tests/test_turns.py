@@ -366,6 +366,27 @@ async def test_ending_the_session_mid_reply_stores_no_reply_and_no_evidence(held
     await comm.disconnect()
 
 
+async def test_a_crisis_typed_into_a_page_left_open_after_the_end_is_flagged(tiny_engine):  # type: ignore[no-untyped-def]
+    """The session ended in another tab; this one is still open (or reconnected): the
+    crisis is answered, kept and flagged all the same. A plain message is refused."""
+    profile, session = await sync_to_async(_client)()
+    (comm,) = await _tabs(profile, session, 1)
+    await turns.end_session(session.pk, None)
+    await send(comm, type="message", text="one more thing", client_msg_id="p1")
+    assert 'data-code="session_closed"' in (await frames_until(comm, r"data-code=", wait=10))[-1]
+    started = time.monotonic()
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    frames = await frames_until(comm, DONE, wait=10)
+    assert time.monotonic() - started < BOUND_S
+    assert "988" in turn_texts(frames, "counselor")[0]
+    assert (await _wait_for_flag(session)).level == "crisis"
+    assert await transcript(session) == [
+        (0, "client", None, "crisis"),
+        (1, "counselor", 0, "crisis"),
+    ]
+    await comm.disconnect()
+
+
 def _orphan():  # type: ignore[no-untyped-def]
     profile, session = _client()
     services.append_turn(session.pk, "client", "I feel anxious", client_msg_id="r1")

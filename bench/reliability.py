@@ -186,6 +186,13 @@ def soak(args: argparse.Namespace) -> Section:
             section.rows.append(Row(f"**{key}**", str(value), "0", value == 0))
         elif key in ("sent", "committed", "answered", "unfinished"):
             section.rows.append(Row(key, str(value), "", None))
+    busy = data.get("crisis_while_busy")
+    if busy:
+        met = busy["sent"] > 0 and busy["answered"] == busy["sent"] and busy["p95_s"] < 2.0
+        section.rows.append(Row("**crisis messages sent while a reply was written** "
+                                "(answered with the safe reply / sent; time to it, p95)",
+                                f"{busy['answered']}/{busy['sent']}, p95 {busy['p95_s']} s, "
+                                f"max {busy['max_s']} s", "all, p95 < 2 s", met))  # fmt: skip
     for phase, figures in data.get("reconnect", {}).items():
         section.rows.append(Row(f"reconnect ({phase})",
                                 f"{figures['count']} sockets, p50 {figures['p50_s']} s, "

@@ -12,6 +12,10 @@ and one ``training`` worker), serving the tiny in-code model.
 
 ``--sessions`` clients each hold one chat socket and send sequence-numbered messages
 (``client_msg_id`` = ``s<client>-<k>``), one after another, until ``--minutes`` pass.
+Every fourth session has a second socket (another tab, ``s<client>b-<k>``) sending its
+own messages into the same session meanwhile: they are stored while the first tab's
+reply is written and answered in order; each page tells its replies by the message a
+reply names (``data-reply-to``), and so does the judge (``Turn.in_reply_to``).
 Each behaves like the chat page (static/js/chat.js) plus its "Send again" / "Try again"
 buttons: on every (re)connect it sends ``resync`` with the last sequence number shown;
 a message not yet answered after a resync, or refused with an error frame, is resent with
@@ -70,7 +74,18 @@ MESSAGES = (
     "My friend has not answered my messages",
     "I feel stuck since the move",
 )
-TURN = re.compile(r'<article class="turn turn-(\w+)" id="turn-(\d+)" data-seq="(\d+)"')
+TURN = re.compile(
+    r'<article class="turn turn-(\w+)" id="turn-(\d+)" data-seq="(\d+)"'
+    r'(?: data-reply-to="(\d+)")?(?: data-msg-id="([^"]*)")?'
+)
+# Every SECOND_TAB-th session has a second chat socket (another tab of the same client)
+# sending its own messages into the same session at the same time; every CRISIS_EVERY-th
+# of them is a crisis, sent while the other tab's reply is being written.
+SECOND_TAB = 4
+CRISIS_EVERY = 3
+CRISIS = "honestly I am done, I have the pills counted out and I am taking them tonight"
+BUSY = 'class="status busy"'
+
 ERROR = re.compile(r'role="alert" data-code="([a-z_]+)"')
 CONTROL = 'id="control"'
 # Small rounds on the tiny model (the training worker reads them from its environment).
@@ -185,6 +200,8 @@ class Stats:
     errors: Counter[str] = field(default_factory=Counter)
     reconnects: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     phase: str = "steady"
+    crisis_sent: dict[str, float] = field(default_factory=dict)  # sent while busy -> when
+    crisis_answered: dict[str, float] = field(default_factory=dict)  # -> seconds to safe reply
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -196,21 +213,52 @@ def pct(values: Sequence[float], q: float) -> float:
 
 @dataclass
 class View:
-    """One client's transcript as shown, by sequence number."""
+    """One chat page's transcript as shown, by sequence number."""
 
     seen: dict[int, str] = field(default_factory=dict)
+    reply_to: dict[int, int | None] = field(default_factory=dict)  # reply seq -> message seq
+    msg_ids: dict[str, int] = field(default_factory=dict)  # client message id -> seq
+    busy: bool = False  # the status says a reply is being written
 
     @property
     def last_seq(self) -> int:
         return max(self.seen, default=-1)
 
     def absorb(self, frame: str) -> list[tuple[int, str]]:
+        if 'id="status"' in frame:
+            self.busy = BUSY in frame
         new = []
-        for role, seq, _ in TURN.findall(frame):
+        for role, seq, _, asked, msg_id in TURN.findall(frame):
             if int(seq) not in self.seen:
                 self.seen[int(seq)] = role
+                if role == "client" and msg_id:
+                    self.msg_ids[msg_id] = int(seq)
+                elif role != "client":
+                    self.reply_to[int(seq)] = int(asked) if asked else None
                 new.append((int(seq), role))
         return new
+
+    def answered(self, seq: int) -> bool:
+        """A reply shown for message ``seq``: one naming it or a later message (a reply
+        covers the messages before its own), or an unnamed one after it (a clinician)."""
+        return any(
+            s > seq and (asked is None or asked >= seq) for s, asked in self.reply_to.items()
+        )
+
+
+def message(index: int, k: int, tab: str) -> str:
+    if tab and k % CRISIS_EVERY == CRISIS_EVERY - 1:
+        return CRISIS
+    return MESSAGES[(index + k) % len(MESSAGES)]
+
+
+async def until_busy(ws: Any, view: View, seconds: float) -> bool:
+    """Read frames until the session's status says a reply is being written."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while not view.busy:
+                view.absorb(str(await ws.recv()))
+    return view.busy
 
 
 async def client(
@@ -221,8 +269,10 @@ async def client(
     stop_at: float,
     give_up_at: float,
     think: float,
+    tab: str = "",
 ) -> None:
-    """One chat page: send, read, reconnect and resend until the run ends."""
+    """One chat page: send, read, reconnect and resend until the run ends. ``tab``: the
+    second page of a session ("b"), whose messages interleave with the first one's."""
     from websockets.asyncio.client import connect
 
     view = View()
@@ -230,13 +280,14 @@ async def client(
     pending: tuple[str, str] | None = None
     ack_seq: int | None = None
     lost_at: float | None = None
-    server = index % len(urls)
-    rng = random.Random(index)
+    server = (index + (1 if tab else 0)) % len(urls)
+    rng = random.Random(f"{index}{tab}")
+    name = f"s{index}{tab}"
     while time.monotonic() < give_up_at:
         if pending is None:
             if time.monotonic() >= stop_at:
                 return
-            pending, ack_seq = (f"s{index}-{k}", MESSAGES[(index + k) % len(MESSAGES)]), None
+            pending, ack_seq = (f"{name}-{k}", message(index, k, tab)), None
             stats.sent[pending[0]] = account.session_id
             k += 1
         base = urls[server]
@@ -251,42 +302,50 @@ async def client(
                 )
                 await ws.send(json.dumps({"type": "resync", "after_seq": view.last_seq}))
                 while CONTROL not in (frame := str(await ws.recv())):
-                    for seq, role in view.absorb(frame):
-                        if role == "client" and ack_seq is None:
-                            ack_seq = seq
+                    view.absorb(frame)
+                    if ack_seq is None and pending is not None:
+                        ack_seq = view.msg_ids.get(pending[0])
             if lost_at is not None:
                 stats.reconnects[stats.phase].append(time.monotonic() - lost_at)
                 lost_at = None
             async with ws:
                 while pending is not None:
                     msg_id, text = pending
-                    if ack_seq is not None and any(
-                        s > ack_seq and r != "client" for s, r in view.seen.items()
-                    ):
+                    if ack_seq is not None and view.answered(ack_seq):
                         stats.acked.add(msg_id)
                         stats.answered.add(msg_id)
                         pending = None
                         await asyncio.sleep(think * rng.uniform(0.5, 1.5))
                         if time.monotonic() >= stop_at:
                             return
-                        pending = (f"s{index}-{k}", MESSAGES[(index + k) % len(MESSAGES)])
+                        pending = (f"{name}-{k}", message(index, k, tab))
                         ack_seq = None
                         stats.sent[pending[0]] = account.session_id
                         k += 1
                         continue
+                    # A crisis counts only when sent while the other tab's reply is written.
+                    if (
+                        text == CRISIS
+                        and msg_id not in stats.crisis_sent
+                        and await until_busy(ws, view, 30)
+                    ):
+                        stats.crisis_sent[msg_id] = time.monotonic()
                     await ws.send(
                         json.dumps({"type": "message", "text": text, "client_msg_id": msg_id})
                     )
                     async with asyncio.timeout(120):  # a stuck socket is dropped and reopened
                         while True:
                             frame = str(await ws.recv())
-                            for seq, role in view.absorb(frame):
-                                if role == "client" and ack_seq is None:
-                                    ack_seq = seq
-                                    stats.acked.add(msg_id)
-                            if ack_seq is not None and any(
-                                s > ack_seq and r != "client" for s, r in view.seen.items()
-                            ):
+                            view.absorb(frame)
+                            if ack_seq is None and msg_id in view.msg_ids:
+                                ack_seq = view.msg_ids[msg_id]
+                                stats.acked.add(msg_id)
+                            if ack_seq is not None and view.answered(ack_seq):
+                                sent_at = stats.crisis_sent.get(msg_id)
+                                if sent_at is not None and "988" in frame:
+                                    stats.crisis_answered.setdefault(
+                                        msg_id, time.monotonic() - sent_at
+                                    )
                                 break
                             error = ERROR.search(frame)
                             if error:
@@ -426,23 +485,36 @@ def judge(stats: Stats) -> dict[str, int]:
 
     client_turns: Counter[str] = Counter()
     replies: Counter[str] = Counter()
+    superseded: set[str] = set()  # open when a crisis' safe reply covered it (by design)
     current: dict[int, str] = {}
+    waiting: dict[int, list[tuple[int, str]]] = defaultdict(list)  # open, per session
     rows = Turn.objects.filter(session_id__in=set(stats.sent.values())).order_by(
         "session_id", "seq"
     )
-    for session_id, role, msg_id in rows.values_list("session_id", "role", "client_msg_id"):
+    fields = ("session_id", "seq", "role", "client_msg_id", "in_reply_to")
+    for session_id, seq, role, msg_id, asked in rows.values_list(*fields):
         if role == "client":
             client_turns[msg_id] += 1
             current[session_id] = msg_id
+            waiting[session_id].append((seq, msg_id))
+        elif role == "counselor" and asked is not None:  # a reply names its message
+            for open_seq, open_id in waiting[session_id]:
+                if open_seq == asked:
+                    replies[open_id] += 1
+                elif open_seq < asked:
+                    superseded.add(open_id)
+            waiting[session_id] = [(q, m) for q, m in waiting[session_id] if q > asked]
         elif role == "counselor" and session_id in current:
             replies[current[session_id]] += 1
+            waiting[session_id] = []
     sent = list(stats.sent)
     return {
         "sent": len(sent),
         "committed": sum(1 for m in sent if client_turns[m] > 0),
         "answered": sum(1 for m in sent if replies[m] > 0),
         "lost": sum(1 for m in stats.acked if client_turns[m] == 0)
-        + sum(1 for m in stats.answered if replies[m] == 0),
+        + sum(1 for m in stats.answered if replies[m] == 0 and m not in superseded),
+        "superseded_by_crisis": sum(1 for m in sent if m in superseded and replies[m] == 0),
         "duplicated": sum(1 for m in sent if client_turns[m] > 1)
         + sum(1 for m in sent if replies[m] > 1),
         "unfinished": sum(1 for m in sent if m not in stats.answered),
@@ -494,6 +566,12 @@ async def drive(args: argparse.Namespace, cluster: Any, pg: PrivatePostgres,
     clients = [
         asyncio.create_task(client(i, a, cluster.ws_urls, stats, stop_at, give_up_at, args.think))
         for i, a in enumerate(accounts)
+    ] + [
+        asyncio.create_task(
+            client(i, a, cluster.ws_urls, stats, stop_at, give_up_at, args.think, tab="b")
+        )
+        for i, a in enumerate(accounts)
+        if i % SECOND_TAB == 0
     ]
     faults = asyncio.create_task(fault_driver(args, cluster, pg, redis_server, stats, t0, report))
     await asyncio.wait(clients, timeout=args.minutes * 60 + args.grace + 30)
@@ -546,6 +624,12 @@ def summarise(args: argparse.Namespace, stats: Stats, verdict: dict[str, int],
         "asgi_servers": args.asgi,
         **verdict,
         "errors_by_code": dict(stats.errors),
+        "crisis_while_busy": {
+            "sent": len(stats.crisis_sent),
+            "answered": len(stats.crisis_answered),
+            "p95_s": round(pct(list(stats.crisis_answered.values()), 95), 2),
+            "max_s": round(max(stats.crisis_answered.values(), default=float("nan")), 2),
+        },
         "reconnect": reconnect,
         "faults": {
             k: report[k]

@@ -391,19 +391,28 @@ class Counselor:
         self.turns = list(turns)
 
     # -- one turn --------------------------------------------------------------------------
-    async def respond(self, message: object) -> AsyncIterator[Event]:
+    async def respond(
+        self, message: object, *, assessment: safety.SafetyAssessment | None = None
+    ) -> AsyncIterator[Event]:
+        """One turn. ``assessment``: the caller already validated the message and ran
+        ``safety.assess`` on it (the web app's turn API does, before anything else), so
+        neither runs a second time here."""
         client = self.client
         if client is None or self._ended:
             yield ErrorEvent("no_session", "no session is running")
             return
-        problem = self._check_message(message)
-        if problem is not None:
-            yield problem
+        if assessment is None:
+            problem = self._check_message(message)
+            if problem is not None:
+                yield problem
+                return
+        if not isinstance(message, str):
+            yield ErrorEvent("not_text", "Messages must be text.")
             return
-        assert isinstance(message, str)
         text = strip_control(message).strip()
         turn_index = len(self.turns)
-        assessment = safety.assess(text)
+        if assessment is None:
+            assessment = safety.assess(text)
         if assessment.level == "crisis":
             async for event in self._safety_turn(text, turn_index, assessment):
                 yield event

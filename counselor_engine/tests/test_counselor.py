@@ -110,6 +110,24 @@ async def test_a_crisis_never_touches_the_model() -> None:
     assert sum(backend.calls.values()) == 0
 
 
+async def test_an_assessment_made_by_the_caller_is_not_made_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The web app assesses each message once, before anything else, and hands the verdict
+    in: the engine acts on it (here a crisis the words alone would not show) and never
+    runs the assessment a second time."""
+    from counselor_engine import safety
+
+    verdict = safety.assess("I am going to kill myself tonight")
+    calls = []
+    monkeypatch.setattr(safety, "assess", lambda text: calls.append(text))
+    backend = FakeBackend().fail_always("*")
+    counselor = Counselor(backend, config=config())
+    counselor.start_session(client(), None)
+    events = [e async for e in counselor.respond("see you", assessment=verdict)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.safety_level == "crisis" and "988" in done.reply
+    assert calls == [] and sum(backend.calls.values()) == 0
+
+
 @pytest.mark.parametrize(
     ("message", "code"),
     [

@@ -1,7 +1,8 @@
 // Chat page glue for the htmx ws extension (no build step).
 // - On every (re)connect, ask the server for the turns after the last one shown.
 // - Give each message an id so a resend after a reconnect is never stored twice.
-// - Keep the Send button disabled while a reply is being written.
+// - Send stays enabled while a reply is being written: the server stores a message sent
+//   meanwhile at once and answers it next (and a crisis at once, whatever is in flight).
 // - Never lose what the person typed: a draft survives a reload; a sent message is kept
 //   (in sessionStorage too) until the server shows it in the transcript. If it is refused
 //   or the connection drops first, its text goes back into the box with a notice, and
@@ -45,6 +46,15 @@
     document.querySelectorAll("#transcript article[id]").forEach(function (el) {
       if (seen[el.id]) { el.remove(); } else { seen[el.id] = true; }
     });
+    // A safe reply sent from memory while storage was down has no seq (turn--1); once
+    // its stored copy arrives (a resync after storage is back), show that one only.
+    document.querySelectorAll("#transcript article#turn--1").forEach(function (early) {
+      var text = early.querySelector(".text");
+      var copies = document.querySelectorAll("#transcript article.turn-counselor:not(#turn--1) .text");
+      for (var i = 0; i < copies.length; i++) {
+        if (text && copies[i].textContent === text.textContent) { early.remove(); return; }
+      }
+    });
   }
 
   function newId() {
@@ -86,10 +96,6 @@
     }
   }
 
-  function updateSend() {
-    var send = document.getElementById("send");
-    if (send) { send.disabled = document.querySelector("#status .busy") !== null; }
-  }
 
   // On load: the transcript the server rendered may already hold the pending message.
   (function onLoad() {
@@ -110,11 +116,10 @@
     connected = true;
     notice("");
     // A reply being written when the socket dropped may have finished meanwhile: the
-    // resync brings its turn but no status, so drop a stale "writing…" (else Send would
-    // stay disabled for good). A reply still in progress answers a new message "busy".
+    // resync brings its turn but no status, so drop a stale "writing…"; a reply still in
+    // progress sends its next frames to this socket too.
     var stale = document.querySelector("#status .busy");
     if (stale) { stale.remove(); }
-    updateSend();
     var socket = evt.detail.socketWrapper;
     socket.send(JSON.stringify({ type: "resync", after_seq: lastSeq() }));
     // A message sent just before the drop may never have arrived: send it again with its
@@ -139,7 +144,6 @@
     }
     var stale = document.querySelector("#status .busy");
     if (stale) { stale.remove(); }
-    updateSend();
   });
 
   document.addEventListener("htmx:wsConfigSend", function (evt) {
@@ -160,7 +164,6 @@
       restore(load("pending"), "offline");
       notice("You are not connected. Your message is kept in the box and will be sent when the connection is back.");
     }
-    updateSend();
   });
 
   document.addEventListener("htmx:wsAfterMessage", function () {
@@ -173,7 +176,6 @@
     } else if (pending && document.querySelector("#status .error[data-code]")) {
       restore(pending, "refused");  // refused before it was stored: they keep their words
     }
-    updateSend();
     var pendingText = document.getElementById("pending-text");
     if (pendingText) { pendingText.scrollIntoView({ block: "nearest" }); }
   });

@@ -137,12 +137,24 @@ def clinician_home(request: HttpRequest) -> HttpResponse:
         .select_related("client")
         .order_by("-created_at")[:50]
     )
-    return render(request, "accounts/clinician_home.html", {"clients": rows, "flags": flags})
+    from webapp.oversight.alerts import failed_deliveries
+
+    return render(
+        request,
+        "accounts/clinician_home.html",
+        {
+            "clients": rows,
+            "flags": flags,
+            "failed_alerts": failed_deliveries(clinician=request.user),
+            "no_email": not request.user.email.strip(),
+        },
+    )
 
 
 @role_required(Role.ADMIN)
 def admin_home(request: HttpRequest) -> HttpResponse:
     from webapp.learning.models import AdapterVersion, TrainingRun
+    from webapp.oversight import alerts
 
     counts = {role.label: User.objects.filter(role=role, is_active=True).count() for role in Role}
     context = {
@@ -153,5 +165,7 @@ def admin_home(request: HttpRequest) -> HttpResponse:
         "running": TrainingRun.objects.filter(
             status__in=[TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING]
         ).count(),
+        "failed_alerts": alerts.failed_deliveries(),
+        "no_email": alerts.clinicians_without_email(),
     }
     return render(request, "oversight/console_home.html", context)

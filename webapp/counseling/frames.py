@@ -15,11 +15,14 @@ from django.utils.html import escape
 from webapp.counseling.models import Turn
 
 
+def clear_pending_frame() -> str:
+    """Empties the bubble of the reply being written."""
+    return '<div id="pending" hx-swap-oob="innerHTML"></div>'
+
+
 def turn_frame(turn: Turn) -> str:
     body = render_to_string("counseling/_turn.html", {"turn": turn})
-    clear = (
-        '<div id="pending" hx-swap-oob="innerHTML"></div>' if turn.role != Turn.Role.CLIENT else ""
-    )
+    clear = clear_pending_frame() if turn.role != Turn.Role.CLIENT else ""
     return f'<div id="transcript" hx-swap-oob="beforeend" data-seq="{turn.seq}">{body}</div>{clear}'
 
 
@@ -51,7 +54,7 @@ def status_frame(seq: int, text: str, *, busy: bool = False) -> str:
 
 def progress_frame(seq: int, stage: str, done: int, total: int) -> str:
     """The engine's own progress on a judged reply, in words and as a bar (busy: the page
-    keeps Send disabled, as for any reply being written)."""
+    shows the counselor at work)."""
     if stage == "drafting" and done < total:
         text = f"The counselor is writing {total} possible replies…"
     elif stage == "drafting":
@@ -66,6 +69,16 @@ def progress_frame(seq: int, stage: str, done: int, total: int) -> str:
         f'<p class="status busy" data-stage="{escape(stage)}" data-done="{int(done)}"'
         f' data-total="{int(total)}">{escape(text)}</p>'
         f'<progress max="{int(total)}"{value} aria-hidden="true"></progress></div>'
+    )
+
+
+def queued_frame(seq: int) -> str:
+    """For the tab that sent a message while a reply was being written: it is stored and
+    will be answered next (``busy``: the page keeps its "writing" state)."""
+    return status_frame(
+        seq,
+        "Your message is saved. The counselor will answer it after the current reply.",
+        busy=True,
     )
 
 

@@ -117,6 +117,9 @@ class Turn(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     client_msg_id = models.CharField(max_length=64, blank=True, default="")
+    # The seq of the client turn a reply answers. Messages sent while a reply is being
+    # written are stored at once, so a reply is not always the turn after its message.
+    in_reply_to = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

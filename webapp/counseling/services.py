@@ -7,11 +7,13 @@ write that can race is serialised on the session row (``select_for_update``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from counselor_engine.counselor import (
@@ -101,12 +103,14 @@ def append_turn(
     author: User | None = None,
     client_msg_id: str = "",
     safety_level: str = "none",
+    even_if_ended: bool = False,
 ) -> tuple[Turn, bool]:
     """Append one turn; returns (turn, created). A repeated ``client_msg_id`` (a resend
-    after a reconnect) returns the stored turn instead of a duplicate."""
+    after a reconnect) returns the stored turn instead of a duplicate. ``even_if_ended``:
+    a crisis, kept (with its safe reply and flag) whatever the session's state."""
     with transaction.atomic():
         session = lock_session(session_id)
-        if session.status != Session.Status.OPEN:
+        if session.status != Session.Status.OPEN and not even_if_ended:
             raise SessionError("session_closed", "This session has ended.")
         if client_msg_id:
             found = session.turns.filter(client_msg_id=client_msg_id).first()
@@ -122,6 +126,125 @@ def append_turn(
             safety_level=safety_level,
         )
         return turn, True
+
+
+class Superseded(Exception):
+    """A reply whose client turn another reply already covers: a crisis answered later
+    with the safe reply, or another tab's writer answered it first. It is not stored."""
+
+
+def _frontier(session: Session) -> int:
+    """The seq up to which every client turn has been answered (-1: none).
+
+    A reply covers its own message and every earlier one (a crisis' safe reply supersedes
+    the messages before it); a clinician turn, and a reply stored before replies named
+    their message, cover everything before them."""
+    last = session.turns.exclude(role=Turn.Role.CLIENT).aggregate(
+        m=Max(Coalesce("in_reply_to", "seq"))
+    )["m"]
+    return -1 if last is None else int(last)
+
+
+def open_client_turns(session_id: int) -> list[Turn]:
+    """The client turns still waiting for a reply, oldest first (answered in this order);
+    none once the session is no longer open."""
+    session = Session.objects.get(pk=session_id)
+    if session.status != Session.Status.OPEN:
+        return []
+    return list(
+        session.turns.filter(role=Turn.Role.CLIENT, seq__gt=_frontier(session)).order_by("seq")
+    )
+
+
+def _is_simulated(client: User) -> bool:
+    return ClientProfile.objects.filter(user=client, simulated=True).exists()
+
+
+def store_client_message(
+    session_id: int,
+    text: str,
+    *,
+    author: User | None,
+    client_msg_id: str,
+    assessment: SafetyAssessment,
+) -> tuple[Turn, bool, list[Callable[[], None]]]:
+    """Store a client message (not a crisis: see :func:`record_safe_reply`) with its
+    safety level; a concern raises its flag in the same transaction. Returns the turn,
+    whether it is new, and the flag's notification steps to run after the commit."""
+    with transaction.atomic():
+        turn, created = append_turn(
+            session_id,
+            Turn.Role.CLIENT,
+            text,
+            author=author,
+            client_msg_id=client_msg_id,
+            safety_level=assessment.level,
+        )
+        dispatch: list[Callable[[], None]] = []
+        if created and assessment.level != "none" and not _is_simulated(turn.session.client):
+            _, dispatch = alerts.store_flag(turn.session, turn, assessment)
+        return turn, created, dispatch
+
+
+@dataclass(frozen=True)
+class SafeTurn:
+    message: Turn
+    message_created: bool
+    reply: Turn
+    reply_created: bool
+    dispatch: list[Callable[[], None]]
+
+
+def record_safe_reply(
+    session_id: int,
+    text: str,
+    *,
+    author: User | None,
+    client_msg_id: str,
+    assessment: SafetyAssessment,
+    reply: str,
+) -> SafeTurn:
+    """A crisis in ONE transaction: the client's message, the safe reply, the crisis
+    flag and its email outbox row. No crash can leave a safe reply without its flag.
+    Also in a session that has ended (a page left open after the end, or reconnected to
+    it): the clinician must hear of it; an ended session still takes no model reply and
+    no evidence.
+
+    Idempotent per ``client_msg_id``: a retry finds the stored message; a safe reply
+    already stored is returned (and its flag raised if it is somehow missing, a row
+    from before this rule), never a second one. Simulated clients get no flag."""
+    with transaction.atomic():
+        message, created = append_turn(
+            session_id,
+            Turn.Role.CLIENT,
+            text,
+            author=author,
+            client_msg_id=client_msg_id,
+            safety_level="crisis",
+            even_if_ended=True,
+        )
+        session = lock_session(session_id)  # held already by append_turn's transaction
+        answer = (
+            session.turns.filter(in_reply_to=message.seq)
+            .exclude(role=Turn.Role.CLIENT)
+            .order_by("seq")
+            .first()
+        )
+        made = answer is None
+        if answer is None:
+            answer = Turn.objects.create(
+                session=session,
+                seq=_next_seq(session),
+                role=Turn.Role.COUNSELOR,
+                text=reply,
+                safety_level="crisis",
+                in_reply_to=message.seq,
+            )
+        dispatch: list[Callable[[], None]] = []
+        flagged = message.safety_flags.filter(level="crisis").exists()
+        if not flagged and not _is_simulated(session.client):
+            _, dispatch = alerts.store_flag(session, message, assessment)
+        return SafeTurn(message, created, answer, made, dispatch)
 
 
 @dataclass(frozen=True)
@@ -188,13 +311,20 @@ def stored_turns(session: Session) -> StoredTurns:
     """The session's exchanges as engine TurnRecords (client turn + its reply)."""
     records: list[TurnRecord] = []
     pending: Turn | None = None
+    by_seq: dict[int, Turn] = {}
     turns = session.turns.select_related("decision").order_by("seq")
     for turn in turns:
         if turn.role == Turn.Role.CLIENT:
             # A client message that never got a reply (a backend failure, then the client
             # wrote again) stays in the transcript but not in the engine's view.
             pending = turn
-        elif turn.role in (Turn.Role.COUNSELOR, Turn.Role.CLINICIAN) and pending is not None:
+            by_seq[turn.seq] = turn
+        elif turn.role in (Turn.Role.COUNSELOR, Turn.Role.CLINICIAN):
+            # A reply names its message: one sent while the previous reply was being
+            # written sits between that reply and its own message.
+            asked = by_seq.get(turn.in_reply_to) if turn.in_reply_to is not None else pending
+            if asked is None:
+                continue
             shared = None
             decision = getattr(turn, "decision", None)
             if decision is not None:
@@ -202,16 +332,18 @@ def stored_turns(session: Session) -> StoredTurns:
             records.append(
                 TurnRecord(
                     index=len(records),
-                    client_text=pending.text,
+                    client_text=asked.text,
                     reply=turn.text,
                     state_slot=turn.state_slot or None,
                     skill=turn.skill or None,
                     shared_value=shared,
-                    safety_level=pending.safety_level,
+                    safety_level=asked.safety_level,
                     group=None,
                 )
             )
-            pending = None
+            by_seq.pop(asked.seq, None)
+            if pending is not None and pending.seq <= asked.seq:
+                pending = None
     return StoredTurns(records, pending)
 
 
@@ -222,10 +354,19 @@ def record_counselor_turn(
     decision: Decision | None,
     group: CandidateGroupRecord | None,
     safety_level: str,
+    in_reply_to: int | None = None,
 ) -> Turn:
-    """Commit the delivered turn, its decision and its candidate group in ONE transaction."""
+    """Commit the delivered turn, its decision and its candidate group in ONE transaction.
+
+    Under the session's row lock, so it cannot interleave with the session's end or a
+    crisis: an ENDED session takes no reply and no evidence (``session_closed``), and a
+    reply to a message another reply already covers raises :class:`Superseded`."""
     with transaction.atomic():
         session = lock_session(session_id)
+        if session.status != Session.Status.OPEN:
+            raise SessionError("session_closed", "This session has ended.")
+        if in_reply_to is not None and _frontier(session) >= in_reply_to:
+            raise Superseded(f"turn {in_reply_to} of session {session_id} is already answered")
         turn = Turn.objects.create(
             session=session,
             seq=_next_seq(session),
@@ -234,6 +375,7 @@ def record_counselor_turn(
             skill=decision.chosen if decision else "",
             state_slot=decision.state if decision else "",
             safety_level=safety_level,
+            in_reply_to=in_reply_to,
         )
         if decision is not None:
             SkillDecision.objects.create(

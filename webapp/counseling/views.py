@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -16,10 +15,9 @@ from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
 from webapp.accounts.views import consent_needed_redirect, lacks_counseling_consent
 from webapp.counseling import services
-from webapp.counseling.consumers import session_group
 from webapp.counseling.forms import RatingForm
 from webapp.counseling.models import Session
-from webapp.counseling.runtime import counselor_for
+from webapp.counseling.turns import end_session, session_group
 
 security_log = logging.getLogger("psyevo.security")
 
@@ -86,13 +84,6 @@ def transcript(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-async def _end(session_id: int, rating: dict[str, float] | None) -> None:
-    counselor, _ = await sync_to_async(counselor_for)(session_id, "end")
-    parsed = services.rating_from(rating)
-    outcome = await counselor.end_session(parsed)
-    await sync_to_async(services.finish_session)(session_id, outcome, parsed)
-
-
 @role_required(Role.CLIENT)
 @require_http_methods(["POST"])
 def end(request: HttpRequest, pk: int) -> HttpResponse:
@@ -114,7 +105,7 @@ def end(request: HttpRequest, pk: int) -> HttpResponse:
             status=400,
         )
     try:
-        async_to_sync(_end)(session.pk, form.rating())
+        async_to_sync(end_session)(session.pk, services.rating_from(form.rating()))
     except services.SessionError as exc:
         messages.info(request, exc.message)
         return redirect("my_sessions")

@@ -1,9 +1,8 @@
 """The simulation lab on the product's own session path (issue 8, ``manage.py simulate``).
 
-Simulated clients talk to the counselor through the SAME services a real session uses
-(``counseling.services``: start_session, append_turn, record_counselor_turn,
-finish_session, in the consumer's order), with the counselor rebuilt from PostgreSQL for
-every turn (``runtime.counselor_for``). What differs from a real client:
+Simulated clients talk to the counselor through the SAME turn API a real client's
+messages go through (``counseling.turns.client_message``: stored, assessed, answered and
+committed there), with the counselor rebuilt from PostgreSQL for every turn. What differs from a real client:
 
 - The clients are synthetic accounts (``ClientProfile.simulated``): inactive, without a
   password or a clinician, left out of every console list, and their evidence stays out
@@ -36,13 +35,7 @@ from django.contrib.auth.hashers import make_password
 from django.db import connections, transaction
 from django.utils import timezone
 
-from counselor_engine.counselor import (
-    CounselorConfig,
-    DoneEvent,
-    ErrorEvent,
-    SafetyEvent,
-    stable_seed,
-)
+from counselor_engine.counselor import CounselorConfig, stable_seed
 from counselor_engine.simulation import (
     ALL_STATES,
     Ablation,
@@ -56,7 +49,8 @@ from counselor_engine.simulation import (
 )
 from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
 from webapp.counseling import runtime, services
-from webapp.counseling.models import Session, Turn
+from webapp.counseling import turns as counseling_turns
+from webapp.counseling.models import Session
 from webapp.learning.models import (
     AdapterVersion,
     SimulationClient,
@@ -416,10 +410,7 @@ class Course:
         crisis = closed = False
         turns = 0
         while True:
-            turn, _ = await sync_to_async(services.append_turn)(
-                session.pk, Turn.Role.CLIENT, text, author=member.user
-            )
-            reply, flagged = await self._respond(member, session, index, turn)
+            reply, flagged = await self._respond(member, session, index, text)
             transcript += [("client", text), ("counselor", reply)]
             crisis = crisis or flagged
             turns += 1
@@ -432,30 +423,25 @@ class Course:
         return Played(transcript, turns, closed, crisis)
 
     async def _respond(
-        self, member: Member, session: Session, index: int, turn: Turn
+        self, member: Member, session: Session, index: int, text: str
     ) -> tuple[str, bool]:
-        """One counselor reply through the engine, committed as the consumer commits it."""
-        overrides = {**self.overrides, "seed": self._seed(member, index, turn.seq)}
-        counselor, _ = await sync_to_async(runtime.counselor_for)(
-            session.pk, turn.seq, overrides=overrides
-        )
-        crisis = False
-        async for event in counselor.respond(turn.text):
-            if isinstance(event, SafetyEvent):
-                crisis = True  # reported, never alerted: no clinician for a synthetic client
-            elif isinstance(event, ErrorEvent):
+        """One exchange through the product's turn API (``counseling.turns``), as a real
+        client's message goes: stored, assessed, answered, committed. A crisis gets the
+        safe reply; the turn API raises no flag for a simulated client."""
+
+        def overrides(seq: int) -> dict[str, Any]:
+            return {**self.overrides, "seed": self._seed(member, index, seq)}
+
+        message = counseling_turns.ClientMessage(session.pk, member.user, text)
+        async for event in counseling_turns.client_message(message, overrides=overrides):
+            if isinstance(event, counseling_turns.Rejected | counseling_turns.Failed):
                 raise SimulationFailed(
                     f"client {member.index} session {index}: {event.code}: {event.message}"
                 )
-            elif isinstance(event, DoneEvent):
-                await sync_to_async(services.record_counselor_turn)(
-                    session.pk,
-                    event.reply,
-                    decision=event.decision,
-                    group=event.group,
-                    safety_level=event.safety_level,
-                )
-                return event.reply, crisis
+            if isinstance(event, counseling_turns.Paused):
+                raise SimulationFailed(f"client {member.index} session {index}: AI paused")
+            if isinstance(event, counseling_turns.Replied):
+                return event.turn.text, event.turn.safety_level == "crisis"
         raise SimulationFailed(f"client {member.index} session {index}: the engine gave no reply")
 
     async def _end(
@@ -464,13 +450,10 @@ class Course:
         """The session end a real client triggers with the rating form: the simulated
         client rates the session (SRS items), then credit, posteriors and memory."""
         seed = self._seed(member, session.index, "end")
-        counselor, _ = await sync_to_async(runtime.counselor_for)(
-            session.pk, "end", overrides={**self.overrides, "seed": seed}
-        )
         rating = await simulator.rate(played.transcript)
-        outcome = await counselor.end_session(rating)
-        await sync_to_async(services.finish_session)(session.pk, outcome, rating)
-        return outcome
+        return await counseling_turns.end_session(
+            session.pk, rating, overrides={**self.overrides, "seed": seed}
+        )
 
 
 def store_report(

@@ -8,14 +8,16 @@ so a down mail server or worker delays the email but never loses it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models import Q
 
 from counselor_engine.safety import SafetyAssessment
 from webapp.accounts.consumers import user_group
-from webapp.accounts.models import ClientProfile
+from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Session, Turn
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
@@ -33,44 +35,59 @@ def notify_user(user_id: int, payload: dict[str, object]) -> None:
 
 
 def raise_flag(session_id: int, turn: Turn, assessment: SafetyAssessment) -> SafetyFlag:
+    """Store the flag and its alert rows; push and queue them once the transaction commits."""
     with transaction.atomic():
         session = Session.objects.select_related("client").get(pk=session_id)
-        flag = SafetyFlag.objects.create(
-            client=session.client,
-            session=session,
-            turn=turn,
-            level=assessment.level,
-            categories=list(assessment.categories),
-            matched=list(assessment.matched),
-        )
-        profile = (
-            ClientProfile.objects.filter(user=session.client).select_related("clinician").first()
-        )
-        clinician = profile.clinician if profile else None
-        if clinician is not None:
-            if assessment.level == "crisis":
-                AlertOutbox.objects.create(flag=flag, recipient=clinician)
-            payload = {
-                "kind": "safety_flag",
-                "flag": flag.pk,
-                "level": flag.level,
-                "client": session.client.username,
-                "session": session.pk,
-                "categories": flag.categories,
-            }
-            transaction.on_commit(lambda: notify_user(clinician.pk, payload))
-        else:
-            log.error(
-                "safety flag %s for client %s has no assigned clinician", flag.pk, session.client_id
-            )
-        if assessment.level == "crisis":
-            transaction.on_commit(_queue_delivery)
-            # Unacknowledged after the delay -> a second clinician (at once if none is
-            # assigned): see webapp.oversight.escalation.
-            from webapp.oversight import escalation
-
-            escalation.schedule(flag.pk, immediately=clinician is None)
+        flag, dispatch = store_flag(session, turn, assessment)
+        for step in dispatch:
+            transaction.on_commit(step)
         return flag
+
+
+def store_flag(
+    session: Session, turn: Turn, assessment: SafetyAssessment
+) -> tuple[SafetyFlag, list[Callable[[], None]]]:
+    """Write the flag and its email outbox row in the caller's transaction.
+
+    Returns the steps that tell people about it (live push, delivery task, escalation
+    check), to run after the commit. The caller decides when: the turn API runs them after
+    the safe reply has gone out, because with Redis or the broker down each step takes
+    seconds to give up, and the rows are what make the flag durable, not the pushes."""
+    flag = SafetyFlag.objects.create(
+        client=session.client,
+        session=session,
+        turn=turn,
+        level=assessment.level,
+        categories=list(assessment.categories),
+        matched=list(assessment.matched),
+    )
+    profile = ClientProfile.objects.filter(user=session.client).select_related("clinician").first()
+    clinician = profile.clinician if profile else None
+    dispatch: list[Callable[[], None]] = []
+    if clinician is not None:
+        if assessment.level == "crisis":
+            AlertOutbox.objects.create(flag=flag, recipient=clinician)
+        payload = {
+            "kind": "safety_flag",
+            "flag": flag.pk,
+            "level": flag.level,
+            "client": session.client.username,
+            "session": session.pk,
+            "categories": flag.categories,
+        }
+        dispatch.append(lambda: notify_user(clinician.pk, payload))
+    else:
+        log.error(
+            "safety flag %s for client %s has no assigned clinician", flag.pk, session.client_id
+        )
+    if assessment.level == "crisis":
+        # Unacknowledged after the delay -> a second clinician (at once if none is
+        # assigned): see webapp.oversight.escalation.
+        from webapp.oversight import escalation
+
+        flag_id, now = flag.pk, clinician is None
+        dispatch += [_queue_delivery, lambda: escalation.queue_check(flag_id, immediately=now)]
+    return flag, dispatch
 
 
 def _queue_delivery() -> None:
@@ -80,3 +97,24 @@ def _queue_delivery() -> None:
         deliver_alerts.delay()
     except Exception as exc:  # broker down: the outbox row waits for the next drain
         log.warning("could not queue alert delivery: %s", exc)
+
+
+def failed_deliveries(*, clinician: User | None = None) -> list[AlertOutbox]:
+    """Alert e-mails that failed all their tries (or could not be sent: no address) for
+    flags nobody has acknowledged yet; for one clinician, those addressed to them or
+    about their clients."""
+    rows = AlertOutbox.objects.filter(
+        status=AlertOutbox.Status.FAILED, flag__acknowledged_at__isnull=True
+    ).select_related("flag__client", "recipient")
+    if clinician is not None:
+        rows = rows.filter(
+            Q(recipient=clinician) | Q(flag__client__client_profile__clinician=clinician)
+        )
+    return list(rows.order_by("-created_at")[:50])
+
+
+def clinicians_without_email() -> list[User]:
+    """Active clinicians no crisis alert can reach by e-mail: a configuration error."""
+    return list(
+        User.objects.filter(role=Role.CLINICIAN, is_active=True, email="").order_by("username")
+    )

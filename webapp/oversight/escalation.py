@@ -39,18 +39,17 @@ def delay_seconds() -> int:
 
 def schedule(flag_id: int, *, immediately: bool = False) -> None:
     """Queue the escalation check for a new crisis flag once the transaction commits."""
+    transaction.on_commit(lambda: queue_check(flag_id, immediately=immediately))
 
-    def queue() -> None:
-        from webapp.oversight.tasks import escalate_flag
 
-        try:
-            escalate_flag.apply_async(
-                args=[flag_id], countdown=0 if immediately else delay_seconds()
-            )
-        except Exception as exc:  # broker down: escalate_overdue picks the flag up later
-            log.warning("could not schedule escalation of flag %s: %s", flag_id, exc)
+def queue_check(flag_id: int, *, immediately: bool = False) -> None:
+    """Queue the escalation check now (after the flag's commit)."""
+    from webapp.oversight.tasks import escalate_flag
 
-    transaction.on_commit(queue)
+    try:
+        escalate_flag.apply_async(args=[flag_id], countdown=0 if immediately else delay_seconds())
+    except Exception as exc:  # broker down: escalate_overdue picks the flag up later
+        log.warning("could not schedule escalation of flag %s: %s", flag_id, exc)
 
 
 def pick_second_clinician(flag: SafetyFlag) -> User | None:

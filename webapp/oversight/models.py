@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class SafetyFlag(models.Model):
@@ -58,11 +59,16 @@ class AlertOutbox(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    # A failed send waits until then (backoff across delivery runs, see tasks.deliver_alerts).
+    next_attempt_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["status", "created_at"])]
+        indexes = [
+            models.Index(fields=["status", "created_at"]),
+            models.Index(fields=["status", "next_attempt_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"alert {self.pk} to {self.recipient_id} ({self.status})"

@@ -283,7 +283,7 @@ def _attack_recap(texts: list[str]) -> str:
 async def run_memory_policy(backend: LeakyBackend) -> MemoryFigures:
     """Sessions full of instruction-like attacks, ended through the product's end path;
     counts what memory was written and what of it breaks the write policy."""
-    from webapp.counseling.views import _end
+    from webapp.counseling.turns import end_session
 
     victim, _ = await sync_to_async(_plant_victim)()
     instructions = [
@@ -296,7 +296,7 @@ async def run_memory_policy(backend: LeakyBackend) -> MemoryFigures:
         profile, session = await sync_to_async(_client)()
         for text in instructions:
             await _turn(session.pk, profile.user, text)
-        await _end(session.pk, None)
+        await end_session(session.pk, None)
         stored = await sync_to_async(list)(MemoryItem.objects.filter(client=profile.user))
         figures.sessions += 1
         figures.attack_turns += len(instructions)

@@ -249,11 +249,11 @@ def test_bin_up_starts_serves_a_turn_and_stops_from_a_clean_shell(up: Up) -> Non
         time.sleep(0.2)
     left = sorted(pid for pid in started if alive(pid))
     assert not left, f"left behind: {left}\n" + up.output()[-3000:]
-    services = embedded_pids(up.data_dir)
-    assert all(alive(pid) for pid in services)  # services outlive Ctrl-C, by design
+    embedded = embedded_pids(up.data_dir)
+    assert all(alive(pid) for pid in embedded)  # services outlive Ctrl-C, by design
     down = services(up.data_dir, "down")
     assert down.returncode == 0, down.stderr
-    assert not any(alive(pid) for pid in services), down.stderr
+    assert not any(alive(pid) for pid in embedded), down.stderr
 
 
 def test_in_production_bin_up_creates_no_account_and_prints_no_password(
@@ -281,6 +281,7 @@ def test_in_production_bin_up_creates_no_account_and_prints_no_password(
 # misses nothing that polling could).
 RECORD_STATUS = """
 window.__status = [];
+document.addEventListener("htmx:wsOpen", function () { window.__wsOpen = (window.__wsOpen || 0) + 1; });
 document.addEventListener("click", function (evt) {
   if (evt.target && evt.target.id === "send") { window.__sentAt = performance.now(); }
 }, true);
@@ -323,7 +324,7 @@ def test_a_newcomer_logs_in_with_a_printed_demo_account_and_sees_progress_then_a
         expect(page.get_by_role("heading", name="My sessions")).to_be_visible()
         page.get_by_role("button", name="Start session").click()
         expect(page.get_by_text("You are talking with an AI counselor")).to_be_visible()
-        page.wait_for_function("() => !!document.querySelector('#send') && !document.querySelector('#send').disabled")
+        page.wait_for_function("() => (window.__wsOpen || 0) > 0")
 
         page.get_by_label("Message").fill("I have been feeling low since the winter started")
         page.get_by_role("button", name="Send", exact=True).click()

@@ -400,9 +400,12 @@ def database_switch(transactional_db):  # type: ignore[no-untyped-def]
         admin.close()
 
 
-def test_a_message_refused_while_storage_is_down_stays_in_the_box_and_sends_once(
+def test_a_message_sent_while_storage_is_down_stays_in_the_box_and_is_stored_once(
     tiny_server, database_switch, browser
 ):  # type: ignore[no-untyped-def]
+    """PostgreSQL refuses connections: the server holds the message (and says so), the
+    page keeps the words in the box; storage back, the message is written once, the box
+    empties and the counselor answers."""
     page, session_id = open_chat(tiny_server.url, browser)
     box = page.get_by_label("Message")
     text = "It has been a hard week at home"
@@ -411,13 +414,15 @@ def test_a_message_refused_while_storage_is_down_stays_in_the_box_and_sends_once
     box.fill(text)
     page.get_by_role("button", name="Send", exact=True).click()
     expect(page.locator("#status [role=alert]")).to_contain_text(
-        "could not be saved", timeout=WAIT_MS
+        "saved as soon as storage is back", timeout=WAIT_MS
     )
-    expect(box).to_have_value(text)  # refused before it was stored: the words are kept
+    expect(box).to_have_value(text)  # not stored yet: the words stay with the person
 
     database_switch.up()
-    page.get_by_role("button", name="Send", exact=True).click()  # same text, same id
-    expect(page.locator("#transcript .turn-client .text").last).to_have_text(text)
+    expect(page.locator("#transcript .turn-client .text").last).to_have_text(
+        text, timeout=WAIT_MS
+    )
     expect(box).to_have_value("")
     expect(page.locator("#transcript .turn-counselor")).to_have_count(1, timeout=WAIT_MS)
+    page.get_by_role("button", name="Send", exact=True).click()  # an empty box sends nothing
     assert client_turns(session_id, text) == 1

@@ -71,3 +71,33 @@ async def test_a_session_is_answered_through_the_model_process_and_survives_its_
     assert roles == ["client", "counselor", "client", "counselor"]
     assert backend.pid not in (None, pid)
     await comm.disconnect()
+
+
+async def test_a_crisis_after_the_model_process_died_gets_the_safe_reply_at_once(
+    process_engine,
+):  # type: ignore[no-untyped-def]
+    import time
+
+    from webapp.oversight.models import SafetyFlag
+
+    profile, session = await sync_to_async(_client)()
+    comm, connected, _, _ = await connect(f"/ws/sessions/{session.pk}/", profile.user)
+    assert connected
+    await comm.send_to(text_data=json.dumps(
+        {"type": "message", "text": "work is hard lately", "client_msg_id": "p1"}
+    ))  # fmt: skip
+    await frames_until(comm, DONE, wait=120)
+    backend = await runtime.get_backend().get()
+    assert isinstance(backend, ProcessBackend) and backend.pid is not None
+    os.kill(backend.pid, signal.SIGKILL)
+
+    started = time.monotonic()
+    await comm.send_to(text_data=json.dumps(
+        {"type": "message", "text": "I want to kill myself tonight", "client_msg_id": "p2"}
+    ))  # fmt: skip
+    frames = await frames_until(comm, DONE, wait=10)
+    assert time.monotonic() - started < 2.0
+    assert "988" in frames[-1]
+    flag = await sync_to_async(SafetyFlag.objects.get)(session=session)
+    assert flag.level == "crisis"
+    await comm.disconnect()

@@ -426,3 +426,42 @@ def test_a_message_sent_while_storage_is_down_stays_in_the_box_and_is_stored_onc
     expect(page.locator("#transcript .turn-counselor")).to_have_count(1, timeout=WAIT_MS)
     page.get_by_role("button", name="Send", exact=True).click()  # an empty box sends nothing
     assert client_turns(session_id, text) == 1
+
+
+@pytest.fixture
+def slow_server(transactional_db, tiny_model_dir, tmp_path):  # type: ignore[no-untyped-def]
+    """Daphne whose judged replies take seconds (5 long candidates), as SmolLM2's take
+    tens of seconds on a small CPU: time for a second tab to speak mid-reply."""
+    env = server_env(str(tiny_model_dir), max_new_tokens=256, candidates=5)
+    with run_daphne(env, tmp_path / "daphne-slow.log") as server:
+        yield server
+        print(f"--- daphne log (tail) ---\n{server.log_tail()}")
+
+
+def test_a_crisis_from_a_second_tab_mid_reply_gets_the_safe_reply_in_both_tabs(
+    slow_server, browser
+):  # type: ignore[no-untyped-def]
+    from webapp.oversight.models import AuditEvent
+
+    tab1, session_id = open_chat(slow_server.url, browser)
+    tab2 = browser.new_page()
+    tab2.goto(tab1.url)
+    wait_for_socket(tab2)
+    send(tab1, "Work has been a lot lately")
+    expect(tab2.locator("#status .busy")).to_be_visible()  # the reply is being written
+    crisis = "honestly I am done, I have the pills counted out and I am taking them tonight"
+    send(tab2, crisis)
+    for tab in (tab2, tab1):
+        expect(tab.locator("#transcript .turn-counselor .text").last).to_contain_text(
+            "988", timeout=10_000
+        )
+        expect(tab.locator("#transcript .turn-client .text").last).to_have_text(crisis)
+    expect(tab2.get_by_label("Message")).to_have_value("")
+    tab1.wait_for_timeout(3_000)  # the superseded reply must not land after the safe one
+    for tab in (tab1, tab2):
+        expect(tab.locator("#transcript .turn-counselor")).to_have_count(1)
+    flag = orm(lambda: SafetyFlag.objects.select_related("turn").get(session_id=session_id))
+    assert flag.level == "crisis" and flag.turn.text == crisis
+    roles = [role for role, _ in db_transcript(session_id)]
+    assert roles == ["client", "client", "counselor"]  # the first message's reply withdrawn
+    assert orm(lambda: AuditEvent.objects.filter(action="turn.superseded").count()) == 1

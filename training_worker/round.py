@@ -332,7 +332,7 @@ def _execute(fence: Fence, progress: Progress) -> str:
         trainer,
         steps=steps,
         heldout=heldout_groups(fence.batch),
-        fallback_prompts=groups,
+        modalities=sorted({g.modality for g in groups}),
         config=validation_config(),
         arena=arena_spec(version, path),
     )

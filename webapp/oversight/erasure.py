@@ -9,7 +9,11 @@ the audit log is append-only in the database (an UPDATE trigger), so the ``SET N
 that deleting the user would need on those rows is refused, by design.
 
 Evidence that an approved adapter already trained on cannot be taken back out of the
-weights; the report lists it (group, run, version) before the rows are deleted. Copies of
+weights; the report lists it (group, run, version) before the rows are deleted. A round
+still in flight or pending approval whose batch holds the client's evidence is stopped
+instead (:func:`stop_rounds_using`): its version is failed and marked ``evidence_erased``
+(a database constraint keeps such a version from ever being approved or served), the
+other clients' evidence it held goes back to the buffer, and the report lists it. Copies of
 the client's words elsewhere go too: a validation report's side-by-side entry made from
 one of the client's groups keeps its place but loses its prompt and replies.
 
@@ -27,6 +31,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Course, Session, Turn
@@ -37,6 +43,7 @@ from webapp.learning.models import (
     PosteriorUpdate,
     TrainingRun,
 )
+from webapp.learning.services import return_evidence
 from webapp.memory.models import MemoryItem
 from webapp.oversight import audit
 from webapp.oversight.models import AuditEvent, ClientControl, SafetyFlag
@@ -52,11 +59,19 @@ class ErasureError(ValueError):
     """The erasure cannot run; the message says why."""
 
 
+UNFINISHED = (
+    AdapterVersion.Status.TRAINING,
+    AdapterVersion.Status.VALIDATING,
+    AdapterVersion.Status.PENDING_APPROVAL,
+)
+
+
 @dataclass(frozen=True)
 class ErasureReport:
     event: AuditEvent
     counts: dict[str, int]
     used_evidence: list[dict[str, Any]]
+    stopped_rounds: list[dict[str, Any]]
 
 
 def username_hash(username: str) -> str:
@@ -91,6 +106,64 @@ def used_by_approved_adapters(client: User) -> list[dict[str, Any]]:
                     }
                 )
     return sorted(used, key=lambda u: (u["run"], u["group"]))
+
+
+def stop_rounds_using(client: User) -> list[dict[str, Any]]:
+    """Stop every round in flight or pending approval whose batch holds the client's
+    evidence (inside the erasure's transaction); returns one entry per round stopped.
+
+    1. Lock the client's groups first: a round claiming now skips them (it claims
+       ``SKIP LOCKED``), and a claim that committed before is visible once we hold them.
+    2. Each unfinished run (running, or its version still training, validating or pending
+       approval) whose batch or leases include one of them: fail the run (the worker's
+       next fenced write then matches nothing and it stops), fail its version with
+       ``evidence_erased`` set, and return the other clients' reserved evidence.
+    """
+    Run = TrainingRun.Status
+    mine = list(
+        CandidateGroup.objects.select_for_update().filter(client=client).values_list(
+            "pk", "lease_run_id"
+        )
+    )
+    pks = {pk for pk, _ in mine}
+    leased = {run for _, run in mine if run is not None}
+    if not pks:
+        return []
+    # A subquery, not a join: PostgreSQL refuses FOR UPDATE on an outer join's null side.
+    unfinished = AdapterVersion.objects.filter(status__in=UNFINISHED).values("pk")
+    runs = TrainingRun.objects.select_for_update().filter(
+        Q(status=Run.RUNNING) | Q(output_version_id__in=unfinished)
+    )
+    stopped = []
+    for run in runs.order_by("pk"):
+        batch = {int(i) for i in run.batch or [] if isinstance(i, int)}
+        if not (batch & pks or run.pk in leased):
+            continue
+        note = "a client whose evidence was in this round's batch was erased"
+        version = run.output_version
+        was = version.status if version is not None else None
+        if version is not None:
+            AdapterVersion.objects.filter(pk=version.pk, status__in=UNFINISHED).update(
+                status=AdapterVersion.Status.FAILED, evidence_erased=True,
+                decision_note=f"{note}: this version can never be approved",
+            )  # fmt: skip
+        if run.status == Run.RUNNING:
+            TrainingRun.objects.filter(pk=run.pk, status=Run.RUNNING).update(
+                status=Run.FAILED, error=note, finished_at=timezone.now(), lease_expires_at=None
+            )
+        own = sum(1 for _, lease_run in mine if lease_run == run.pk)
+        returned = return_evidence(run) - own  # the client's own rows are deleted below
+        stopped.append(
+            {
+                "run": run.pk,
+                "run_status": run.status,
+                "version": version.name if version is not None else None,
+                "version_status": was,
+                "groups": len(batch & pks) or own,
+                "returned_to_buffer": max(returned, 0),
+            }
+        )
+    return stopped
 
 
 ERASED = "[erased]"
@@ -148,6 +221,7 @@ def erase_client(admin: User, client: User) -> ErasureReport:
         client = User.objects.select_for_update().get(pk=client.pk)
         counts = preview(client)
         used = used_by_approved_adapters(client)
+        stopped = stop_rounds_using(client)
         former = {"id": client.pk, "username_hmac": username_hash(client.username)}
         keys = set(CandidateGroup.objects.filter(client=client).values_list("group_key", flat=True))
         counts["validation report entries"] = scrub_validation_reports(keys)
@@ -175,5 +249,6 @@ def erase_client(admin: User, client: User) -> ErasureReport:
             former_username_hmac=former["username_hmac"],
             deleted=counts,
             evidence_used_by_approved_adapters=used,
+            rounds_stopped=stopped,
         )
-    return ErasureReport(event, counts, used)
+    return ErasureReport(event, counts, used, stopped)

@@ -48,8 +48,22 @@ def _clean(text: str) -> str:
 
 @transaction.atomic
 def correct(item_id: int, text: str, *, by: User, client: User) -> MemoryItem:
-    """Replace an active item of ``client`` by a corrected one (same kind and source)."""
+    """Replace an active item of ``client`` by a corrected one (same kind and source).
+
+    A correction goes into every later prompt just like a recap, so it passes the same
+    instruction filter (policy rule 4 below); where a recap loses the sentence, a
+    correction is refused with a message, so the person who typed it knows it was not
+    stored and can say it as a plain fact."""
     text = _clean(text)
+    if _has_instruction(text):
+        security_log.warning(
+            "memory policy: instruction-like correction of memory %s by user %s refused",
+            item_id, by.pk,
+        )  # fmt: skip
+        raise MemoryError(
+            "This correction reads as an instruction to the AI counselor, so it was not "
+            "saved. Please write it as a plain fact about the client."
+        )
     item = MemoryItem.objects.select_for_update().filter(pk=item_id, client=client).first()
     if item is None:
         raise MemoryError("No such memory.")
@@ -90,7 +104,8 @@ def retire(item_id: int, *, by: User, client: User) -> None:
 # 1. Source: counselor memories come only from the session-end recap of the client's OWN
 #    session (``save_recap``: the item's client is the session's client, its source turn a
 #    turn of that session); other writes are corrections by the client or their clinician
-#    (``correct``). Nothing else writes MemoryItem rows.
+#    (``correct``, which refuses text that rule 4 would change). Nothing else writes
+#    MemoryItem rows.
 # 2. Size: at most ``MAX_RECAP_ITEMS`` items per recap, each at most ``MAX_MEMORY_CHARS``.
 # 3. Kinds: recap, goal, fact, homework only.
 # 4. No instructions: a sentence that reads as an instruction to the AI (override, role or
@@ -129,6 +144,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 def looks_like_instruction(text: str) -> bool:
     """Whether ``text`` reads as an instruction to the AI (policy rule 4)."""
     return bool(_INSTRUCTION.search(text))
+
+
+def _has_instruction(text: str) -> bool:
+    """Whether :func:`_without_instructions` would drop a sentence of ``text``."""
+    return any(s.strip() and looks_like_instruction(s) for s in _SENTENCE_END.split(text))
 
 
 def _without_instructions(text: str) -> str:

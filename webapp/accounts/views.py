@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from webapp.accounts.access import role_required
 from webapp.accounts.forms import ConsentForm, LoginForm
 from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
+from webapp.learning.schedule import withdraw_evidence
 
 ROLE_HOME = {Role.CLIENT: "my_sessions", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
 
@@ -95,6 +96,8 @@ def consent(request: HttpRequest) -> HttpResponse:
                             granted=wanted,
                             recorded_by=request.user,
                         )
+                        if purpose == ConsentPurpose.TRAINING and not wanted:
+                            withdraw_evidence(profile.user)  # out of the buffer at once
             messages.success(request, "Your choices are saved.")
             if why and form.cleaned_data[ConsentPurpose.COUNSELING.value]:
                 return redirect("my_sessions")  # they came here to start talking

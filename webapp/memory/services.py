@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from counselor_engine import memory as engine_memory
-from webapp.accounts.models import User
+from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session
 from webapp.memory.models import MemoryItem
 from webapp.oversight import audit
@@ -157,7 +157,11 @@ def _without_instructions(text: str) -> str:
 
 
 def save_recap(session: Session, items: Sequence[engine_memory.MemoryItem]) -> list[MemoryItem]:
-    """Store what the engine wrote at session end (origin: counselor), under the policy."""
+    """Store what the engine wrote at session end (origin: counselor), under the policy;
+    nothing at all while the client's memory consent is withdrawn."""
+    if not memory_consented(session.client):
+        log.info("session %s: no memory consent, recap not stored", session.pk)
+        return []
     stored: list[MemoryItem] = []
     for item in items:
         if len(stored) >= MAX_RECAP_ITEMS:
@@ -208,8 +212,20 @@ def policy_violations(client: User) -> list[tuple[int, str]]:
     return out
 
 
+def memory_consented(client: User) -> bool:
+    """The client's memory consent now (the latest record decides; none means no)."""
+    profile = ClientProfile.objects.filter(user=client).first()
+    return profile is not None and profile.has_consent(ConsentPurpose.MEMORY)
+
+
 def load_store(client: User) -> engine_memory.MemoryStore:
-    """The engine's view: active items only, ids are the database ids."""
+    """The engine's view: active items only, ids are the database ids. Empty while the
+    client's memory consent is withdrawn: the items are kept (the client can still read,
+    correct or export them) but no prompt sees them until the consent is given again."""
+    if not memory_consented(client):
+        return engine_memory.MemoryStore.from_dict(
+            {"version": engine_memory.FORMAT_VERSION, "items": []}
+        )
     return engine_memory.MemoryStore.from_dict(
         {
             "version": engine_memory.FORMAT_VERSION,

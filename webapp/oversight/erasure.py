@@ -17,6 +17,9 @@ other clients' evidence it held goes back to the buffer, and the report lists it
 the client's words elsewhere go too: a validation report's side-by-side entry made from
 one of the client's groups keeps its place but loses its prompt and replies.
 
+The former username is also replaced by ``erased-<id>`` in django-axes' login records and
+the Django admin's log (:func:`scrub_username_elsewhere`).
+
 The erasure itself leaves one tombstone audit event: subject NULL, the former user id and
 a keyed hash of the former username (HMAC with SECRET_KEY: an admin can check "was this
 user erased?" without the log holding the name).
@@ -31,10 +34,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, Value
 from django.utils import timezone
 
-from webapp.accounts.models import ClientProfile, Role, User
+from webapp.accounts.models import ClientProfile, ConsentRecord, Role, User
 from webapp.counseling.models import Course, Session, Turn
 from webapp.learning.models import (
     AdapterVersion,
@@ -166,6 +169,45 @@ def stop_rounds_using(client: User) -> list[dict[str, Any]]:
     return stopped
 
 
+def scrub_username_elsewhere(client: User, former: str) -> dict[str, int]:
+    """The former username is gone from the tables that copied it outside our models:
+    django-axes' login records (username; an attempt's GET/POST data too) and the Django
+    admin's log (``object_repr`` and ``change_message`` of entries about the account or
+    naming it). Each row keeps its place, with ``erased-<id>`` instead of the name."""
+    from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.contenttypes.models import ContentType
+    from django.db.models.functions import Replace
+
+    shell = f"erased-{client.pk}"
+    counts = {
+        "login records (name removed)": AccessLog.objects.filter(username=former).update(username=shell)
+        + AccessFailureLog.objects.filter(username=former).update(username=shell)
+        + AccessAttempt.objects.filter(username=former).update(
+            username=shell, get_data="", post_data=""
+        )
+    }
+    # Entries about the account, its profile or its consent records, and any whose
+    # object is named by the username: matching every entry CONTAINING the name would
+    # also rewrite other accounts' entries ("ann" inside "joanne").
+    kinds = ContentType.objects.get_for_models(User, ClientProfile, ConsentRecord)
+    consents = ConsentRecord.objects.filter(profile__user=client).values_list("pk", flat=True)
+    about = (
+        Q(content_type=kinds[User], object_id=str(client.pk))
+        | Q(content_type=kinds[ClientProfile], object_id=str(client.pk))
+        | Q(content_type=kinds[ConsentRecord], object_id__in=[str(pk) for pk in consents])
+        | Q(object_repr=former)
+        | Q(object_repr__startswith=f"{former} ")
+    )
+    entries = LogEntry.objects.filter(about)
+    counts["admin log entries (name removed)"] = entries.count()
+    entries.update(
+        object_repr=Replace("object_repr", Value(former), Value(shell)),
+        change_message=Replace("change_message", Value(former), Value(shell)),
+    )
+    return counts
+
+
 ERASED = "[erased]"
 
 
@@ -225,6 +267,7 @@ def erase_client(admin: User, client: User) -> ErasureReport:
         former = {"id": client.pk, "username_hmac": username_hash(client.username)}
         keys = set(CandidateGroup.objects.filter(client=client).values_list("group_key", flat=True))
         counts["validation report entries"] = scrub_validation_reports(keys)
+        counts.update(scrub_username_elsewhere(client, client.username))  # before the profile goes
         SafetyFlag.objects.filter(client=client).delete()  # and their outbox rows
         CandidateGroup.objects.filter(client=client).delete()
         Session.objects.filter(client=client).delete()  # turns, decisions, updates

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.access import role_required
+from webapp.accounts.access import role_required, same_site_path
 from webapp.accounts.models import Role
 from webapp.counseling.models import Session
 from webapp.oversight import audit, console, services
@@ -68,7 +68,7 @@ def _set_pause(request: HttpRequest, client_id: int, paused: bool) -> HttpRespon
         if paused
         else f"The AI counselor is back for {profile.user.username}.",
     )
-    return redirect(request.POST.get("next") or "clinician_home")
+    return redirect(same_site_path(request.POST.get("next")) or "clinician_home")
 
 
 @role_required(Role.CLINICIAN)

@@ -101,8 +101,12 @@ def session_review(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def review_withdrawn(request: HttpRequest, session: Session) -> HttpResponse:
-    """403: the client withdrew consent to clinician review (audited, not a security
-    event: the clinician is assigned, the client said no)."""
+    """403: the client withdrew consent to clinician review (audited, and a security log
+    line like every refusal)."""
+    console.security_log.info(
+        "refused user=%s session=%s (clinician review consent withdrawn)",
+        request.user.username, session.pk,
+    )  # fmt: skip
     audit.record(
         request.user, "access.denied", subject=session.client,
         target=f"session:{session.pk}", reason="clinician review consent withdrawn",

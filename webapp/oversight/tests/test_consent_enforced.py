@@ -147,3 +147,26 @@ def test_withdrawing_training_consent_takes_unclaimed_evidence_out_at_once(clien
 
     choose(client, profile)  # given again: what was excluded stays out, the rest may train
     assert {g.pk for g in available_graphs()} == {g.pk for g in other} | {reserved.pk}
+
+
+def test_the_export_lists_evidence_an_approved_adapter_already_trained_on(client, tmp_path):  # type: ignore[no-untyped-def]
+    from webapp.learning.tests.helpers import make_version, write_adapter_files
+
+    used, unused = make_groups(2, "cbt")
+    profile = used.client.client_profile
+    grant = {"counseling", "memory", "training", "clinician_review"}
+    for purpose in grant:
+        ConsentRecord.objects.create(profile=profile, purpose=purpose, granted=True)
+    version = make_version("v-used", "active", write_adapter_files(tmp_path / "v"))
+    run = TrainingRun.objects.create(status="succeeded", output_version=version, batch=[used.pk])
+    CandidateGroup.objects.filter(pk=used.pk).update(buffer_status=Buffer.CONSUMED, lease_run=run)
+    choose(client, profile, training=False)
+    client.force_login(profile.user)
+
+    data = client.get(reverse("my_data_download")).json()
+
+    assert data["used_by_approved_adapters"] == [
+        {"group": used.pk, "group_key": used.group_key, "run": run.pk,
+         "version": "v-used", "version_status": "active"},
+    ]  # fmt: skip
+    assert CandidateGroup.objects.get(pk=unused.pk).buffer_status == Buffer.EXCLUDED

@@ -205,6 +205,8 @@ def approve(version: AdapterVersion, clinician: User, note: str = "") -> Adapter
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status != Status.PENDING_APPROVAL:
             raise DecisionRefused(f"{current.name} is {current.status}, not pending approval")
+        if current.evidence_erased:  # erasure fails such a version too; this is the gate's
+            raise DecisionRefused(f"{current.name} trained on an erased client's evidence")
         active = active_version()
         if current.parent_id != (active.pk if active else None):
             stale = _supersede_locked([current], active, clinician)

@@ -112,3 +112,19 @@ def test_an_erasure_touching_no_round_reports_none(client, tmp_path):  # type: i
     client.force_login(admin)
     page = client.get(reverse("console_erasure", args=[report.event.pk])).content.decode()
     assert "None: no round in flight or pending approval used" in page
+
+
+def test_the_gate_refuses_a_version_marked_erased_whatever_its_status(tmp_path):  # type: ignore[no-untyped-def]
+    active = make_version("v-a", "active", write_adapter_files(tmp_path / "a"))
+    marked = make_version(
+        "v-m", "pending_approval", write_adapter_files(tmp_path / "m", b"m"),
+        parent=active, evidence_erased=True,
+    )  # fmt: skip
+
+    with pytest.raises(services.DecisionRefused, match="erased"):
+        services.approve(marked, ClinicianFactory())
+
+    marked.refresh_from_db()
+    assert marked.status == "pending_approval"
+    active.refresh_from_db()
+    assert active.status == "active"

@@ -201,7 +201,7 @@ def approve(version: AdapterVersion, clinician: User, note: str = "") -> Adapter
     with transaction.atomic():
         # The scope lock serialises this with every other approval and rollback, so the
         # active version read below cannot change before we commit.
-        _lock_scope()
+        lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status != Status.PENDING_APPROVAL:
             raise DecisionRefused(f"{current.name} is {current.status}, not pending approval")
@@ -251,7 +251,7 @@ def supersede_if_stale(version: AdapterVersion) -> str:
     superseded at once rather than waiting for a clinician to try. Returns the reason,
     or "" when it is approvable (or no longer pending)."""
     with transaction.atomic():
-        _lock_scope()
+        lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         active = active_version()
         if current.status != Status.PENDING_APPROVAL or current.parent_id == (
@@ -291,7 +291,7 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
     if getattr(actor, "role", None) not in (Role.CLINICIAN, Role.ADMIN):
         raise DecisionRefused("only clinicians and admins can roll back")
     with transaction.atomic():
-        _lock_scope()
+        lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status not in (Status.APPROVED, Status.RETIRED):
             raise DecisionRefused(
@@ -314,8 +314,9 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
     return current
 
 
-def _lock_scope() -> LearningScope:
-    """Serialise activations: every one locks the shared scope row first."""
+def lock_scope() -> LearningScope:
+    """Serialise activations: every one locks the shared scope row first (erasure
+    too, before it stops the rounds that used the client's evidence)."""
     LearningScope.objects.get_or_create(name=SCOPE)
     return LearningScope.objects.select_for_update().get(name=SCOPE)
 

@@ -46,7 +46,7 @@ from webapp.learning.models import (
     PosteriorUpdate,
     TrainingRun,
 )
-from webapp.learning.services import return_evidence
+from webapp.learning.services import lock_scope, return_evidence
 from webapp.memory.models import MemoryItem
 from webapp.oversight import audit
 from webapp.oversight.models import AuditEvent, ClientControl, SafetyFlag
@@ -115,14 +115,28 @@ def stop_rounds_using(client: User) -> list[dict[str, Any]]:
     """Stop every round in flight or pending approval whose batch holds the client's
     evidence (inside the erasure's transaction); returns one entry per round stopped.
 
-    1. Lock the client's groups first: a round claiming now skips them (it claims
-       ``SKIP LOCKED``), and a claim that committed before is visible once we hold them.
-    2. Each unfinished run (running, or its version still training, validating or pending
-       approval) whose batch or leases include one of them: fail the run (the worker's
-       next fenced write then matches nothing and it stops), fail its version with
-       ``evidence_erased`` set, and return the other clients' reserved evidence.
+    1. Lock in the order every writer of these rows uses, so none of them can deadlock
+       with an erasure: the learning scope (approvals and roll-backs take it first),
+       the unfinished runs (running, or their version still training, validating or
+       pending approval; a worker locks its run before touching its version or its
+       evidence), those versions, then the client's groups. A round claiming now skips
+       the groups (it claims ``SKIP LOCKED``); a claim that committed before is visible.
+    2. Each such run whose batch or leases include one of the client's groups: fail the
+       run (the worker's next fenced write then matches nothing and it stops), fail its
+       version with ``evidence_erased`` set, and return the other clients' reserved
+       evidence.
     """
     Run = TrainingRun.Status
+    lock_scope()
+    # A subquery, not a join: PostgreSQL refuses FOR UPDATE on an outer join's null side.
+    unfinished = AdapterVersion.objects.filter(status__in=UNFINISHED).values("pk")
+    runs = list(
+        TrainingRun.objects.select_for_update()
+        .filter(Q(status=Run.RUNNING) | Q(output_version_id__in=unfinished))
+        .order_by("pk")
+    )
+    versions = [r.output_version_id for r in runs if r.output_version_id is not None]
+    list(AdapterVersion.objects.select_for_update().filter(pk__in=versions).order_by("pk"))
     mine = list(
         CandidateGroup.objects.select_for_update().filter(client=client).values_list(
             "pk", "lease_run_id"
@@ -132,13 +146,8 @@ def stop_rounds_using(client: User) -> list[dict[str, Any]]:
     leased = {run for _, run in mine if run is not None}
     if not pks:
         return []
-    # A subquery, not a join: PostgreSQL refuses FOR UPDATE on an outer join's null side.
-    unfinished = AdapterVersion.objects.filter(status__in=UNFINISHED).values("pk")
-    runs = TrainingRun.objects.select_for_update().filter(
-        Q(status=Run.RUNNING) | Q(output_version_id__in=unfinished)
-    )
     stopped = []
-    for run in runs.order_by("pk"):
+    for run in runs:
         batch = {int(i) for i in run.batch or [] if isinstance(i, int)}
         if not (batch & pks or run.pk in leased):
             continue

@@ -341,6 +341,16 @@ def _system_template() -> str:
     return (Path(__file__).with_name("prompts") / "counselor_system.txt").read_text().strip()
 
 
+def system_prompt(modality: str, skill_id: str) -> str:
+    """The counselor's system message for one reply (no memory, no concern guidance)."""
+    skill = get_skill(skill_id)
+    return _system_template().format(
+        modality_name=MODALITY_NAMES[modality],
+        skill_name=skill.name,
+        skill_instruction=skill.instruction,
+    )
+
+
 def _chunks(text: str) -> list[str]:
     """Split a finished reply into word-sized pieces for streaming."""
     pieces: list[str] = []
@@ -527,12 +537,7 @@ class Counselor:
 
     def _prompt(self, text: str, skill_id: str, *, concern: bool) -> list[ChatMessage]:
         assert self.client is not None
-        skill = get_skill(skill_id)
-        system = _system_template().format(
-            modality_name=MODALITY_NAMES[self.client.modality],
-            skill_name=skill.name,
-            skill_instruction=skill.instruction,
-        )
+        system = system_prompt(self.client.modality, skill_id)
         if concern:
             system += "\n\n" + safety.concern_guidance(self.config.safety_locale)
         if self.config.memory_k > 0 and self.client.memory.active():

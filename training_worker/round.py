@@ -332,7 +332,7 @@ def _execute(fence: Fence, progress: Progress) -> str:
         trainer,
         steps=steps,
         heldout=heldout_groups(fence.batch),
-        fallback_prompts=groups,
+        modalities=sorted({g.modality for g in groups}),
         config=validation_config(),
         arena=arena_spec(version, path),
     )
@@ -389,9 +389,13 @@ def _hand_off(fence: Fence, version: AdapterVersion, report: dict[str, Any]) -> 
         run = fence.lock()
         now = timezone.now()
         if report["passed"]:
-            AdapterVersion.objects.filter(pk=version.pk, status=Version.VALIDATING).update(
-                status=Version.PENDING_APPROVAL, validation_report=report
-            )
+            if (
+                AdapterVersion.objects.filter(pk=version.pk, status=Version.VALIDATING).update(
+                    status=Version.PENDING_APPROVAL, validation_report=report
+                )
+                != 1
+            ):  # failed meanwhile (an erasure stops the round and its version together)
+                raise Superseded(f"{version.name} is no longer validating")
             CandidateGroup.objects.filter(lease_run=run, buffer_status=Buffer.RESERVED).update(
                 lease_expires_at=None
             )

@@ -2,8 +2,14 @@
 
 The report is plain JSON, stored with the version and rendered on the approval page:
 ``passed``, one entry per check in ``checks``, and ``side_by_side`` replies of the parent
-and the candidate to the same held-out client states, generated here so the clinician
-reads exactly what the two versions say.
+and the candidate to the same client states, generated here so the clinician reads
+exactly what the two versions say.
+
+The side-by-side client states are written for the project
+(``data/side_by_side_prompts.json``), never taken from evidence: the approval page is
+open to every clinician and admin, and a held-out group is some client's real
+conversation that most of them have no right to read (issue 18). Of real evidence the
+report keeps numbers only (counts, accuracies).
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ from typing import Any
 import torch
 
 from counselor_engine import safety
+from counselor_engine.counselor import system_prompt
 from training_worker.arena import ArenaConfig, ArenaSpec, arena_check
 from training_worker.trainer import LipoTrainer, StepStats, TrainGroup
 
-CRISIS_PROMPTS = Path(__file__).resolve().parent / "data" / "crisis_prompts.json"
+DATA = Path(__file__).resolve().parent / "data"
+CRISIS_PROMPTS = DATA / "crisis_prompts.json"
+SIDE_BY_SIDE_PROMPTS = DATA / "side_by_side_prompts.json"
+PROJECT_SOURCE = "project"  # ``source`` of a side-by-side entry the project wrote
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,34 @@ class ValidationConfig:
 @cache
 def crisis_prompts() -> tuple[str, ...]:
     return tuple(json.loads(CRISIS_PROMPTS.read_text())["prompts"])
+
+
+@cache
+def side_by_side_states() -> tuple[dict[str, str], ...]:
+    return tuple(json.loads(SIDE_BY_SIDE_PROMPTS.read_text())["prompts"])
+
+
+def side_by_side_prompts(modalities: Sequence[str], count: int) -> list[dict[str, Any]]:
+    """Up to ``count`` project-written client states, those of ``modalities`` (the
+    batch's, in order) first, each as ``{"id", "modality", "prompt"}`` with the
+    counselor's own system message for its modality and skill."""
+    states = sorted(
+        side_by_side_states(),
+        key=lambda s: list(modalities).index(s["modality"])
+        if s["modality"] in modalities
+        else len(modalities),
+    )
+    return [
+        {
+            "id": state["id"],
+            "modality": state["modality"],
+            "prompt": [
+                {"role": "system", "content": system_prompt(state["modality"], state["skill"])},
+                {"role": "user", "content": state["text"]},
+            ],
+        }
+        for state in states[: max(count, 0)]
+    ]
 
 
 def preference_accuracy(utilities: Sequence[torch.Tensor], groups: Sequence[TrainGroup]) -> float:
@@ -68,7 +106,7 @@ def validate(
     *,
     steps: Sequence[StepStats],
     heldout: Sequence[TrainGroup],
-    fallback_prompts: Sequence[TrainGroup],
+    modalities: Sequence[str],
     config: ValidationConfig,
     arena: ArenaSpec | None = None,
 ) -> dict[str, Any]:
@@ -85,7 +123,8 @@ def validate(
        lab's headless runner; passes when no metric family drops by more than the
        tolerance (``training_worker.arena``). Skipped (not counted) without an ``arena``
        spec or with ``arena.clients = 0``.
-    Then the side-by-side replies (parent vs candidate, greedy) for the clinician.
+    Then the side-by-side replies (parent vs candidate, greedy) for the clinician, to
+    project-written client states of the batch's ``modalities`` first (module docstring).
     """
     final = trainer.lora_state()
     parent = trainer.initial_state
@@ -115,22 +154,14 @@ def validate(
     checks.append(check_crisis_path())
     checks.append(arena_check(arena, config.arena))
 
-    prompts = list(heldout[: config.side_by_side]) or list(fallback_prompts[: config.side_by_side])
     side_by_side = []
-    for group in prompts:
+    for state in side_by_side_prompts(modalities, config.side_by_side):
         with trainer.using(parent):
-            before = trainer.generate(group.prompt, max_new_tokens=config.max_new_tokens)
+            before = trainer.generate(state["prompt"], max_new_tokens=config.max_new_tokens)
         with trainer.using(final):
-            after = trainer.generate(group.prompt, max_new_tokens=config.max_new_tokens)
+            after = trainer.generate(state["prompt"], max_new_tokens=config.max_new_tokens)
         side_by_side.append(
-            {
-                "group": group.key,
-                "modality": group.modality,
-                "held_out": bool(heldout),
-                "prompt": [dict(m) for m in group.prompt],
-                "parent": before,
-                "candidate": after,
-            }
+            {**state, "source": PROJECT_SOURCE, "parent": before, "candidate": after}
         )
     return {
         "passed": all(c["passed"] for c in checks),

@@ -67,3 +67,13 @@ class RedactSecretsFilter(logging.Filter):
         if record.exc_text:
             record.exc_text = redact(record.exc_text, secrets)
         return True
+
+
+def install_on(logger: logging.Logger) -> None:
+    """Add the filter to every handler of ``logger`` that lacks it. A Celery worker
+    replaces the root logger's handlers with its own (``worker_hijack_root_logger``), so
+    the ones from ``settings.LOGGING`` and their filter are gone; ``webapp.celery`` calls
+    this on the handlers Celery installs."""
+    for handler in logger.handlers:
+        if not any(isinstance(f, RedactSecretsFilter) for f in handler.filters):
+            handler.addFilter(RedactSecretsFilter())

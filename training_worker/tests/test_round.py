@@ -60,7 +60,8 @@ def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ig
     assert set(arena["candidate"]) == set(arena["active"]) >= {"overall", "c_shared"}
     heldout = next(c for c in report["checks"] if c["name"] == "heldout_preference_accuracy")
     assert heldout["groups"] == 2 and heldout["candidate"] >= heldout["parent"]
-    assert len(report["side_by_side"]) == 2 and report["side_by_side"][0]["held_out"]
+    assert len(report["side_by_side"]) == 2  # project-written states (test_report_privacy)
+    assert {s["source"] for s in report["side_by_side"]} == {"project"}
     # Evidence: the batch is held for the decision (no expiry); the rest stays available.
     held = CandidateGroup.objects.filter(lease_run=run)
     assert held.count() == 4 and set(run.batch) == set(held.values_list("pk", flat=True))

@@ -6,12 +6,32 @@ import functools
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
 security_log = logging.getLogger("psyevo.security")
+
+
+def same_site_path(target: object) -> str:
+    """``target`` when it is a path on this site ("/..."), else "".
+
+    Every ``next`` parameter goes through here before a redirect: an absolute URL, a
+    scheme-relative ``//host`` or its backslash forms (browsers read ``/\\host`` as
+    ``//host``) and anything with control characters are refused, so no link can send
+    a user who just logged in or pressed a button to another site."""
+    if not isinstance(target, str) or not target.startswith("/"):
+        return ""
+    if target.startswith(("//", "/\\")) or "\\" in target:
+        return ""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return ""
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return ""
+    return target
 
 
 def deny(request: HttpRequest, reason: str) -> PermissionDenied:

@@ -12,11 +12,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 from django_otp import login as otp_login
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from webapp.accounts.access import same_site_path
 from webapp.accounts.forms import TokenForm
 from webapp.accounts.mfa import STAFF_ROLES, confirmed_device
 from webapp.accounts.models import User
@@ -31,11 +31,7 @@ def _user(request: HttpRequest) -> User:
 
 def _next(request: HttpRequest) -> str:
     target = request.POST.get("next") or request.GET.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
-        return target
-    return "/"
+    return same_site_path(target) or "/"
 
 
 def _step(name: str, request: HttpRequest) -> str:

@@ -13,9 +13,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.accounts.access import role_required
+from webapp.accounts.access import role_required, same_site_path
 from webapp.accounts.forms import ConsentForm, LoginForm
 from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
+from webapp.learning.schedule import withdraw_evidence
 
 ROLE_HOME = {Role.CLIENT: "my_sessions", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
 
@@ -25,13 +26,13 @@ class PsyEvoLoginView(LoginView):
     redirect_authenticated_user = True
 
     def get_redirect_url(self) -> str:
-        """``next``, unless it leads back to this page.
+        """``next``, when it is a path on this site that does not lead back here.
 
         For a logged-in user Django's LoginView raises ValueError ("Redirection loop") on
         ``?next=/login/``, a 500 that any link could trigger, and ``?next=/login/?x`` would
         bounce the browser between this page and itself: both go to the home page instead.
         """
-        url = super().get_redirect_url()
+        url = same_site_path(super().get_redirect_url())  # a path on this site, or home
         if url and unquote(urlsplit(url).path).rstrip("/") == reverse("login").rstrip("/"):
             return ""
         return url
@@ -95,6 +96,8 @@ def consent(request: HttpRequest) -> HttpResponse:
                             granted=wanted,
                             recorded_by=request.user,
                         )
+                        if purpose == ConsentPurpose.TRAINING and not wanted:
+                            withdraw_evidence(profile.user)  # out of the buffer at once
             messages.success(request, "Your choices are saved.")
             if why and form.cleaned_data[ConsentPurpose.COUNSELING.value]:
                 return redirect("my_sessions")  # they came here to start talking

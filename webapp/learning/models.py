@@ -53,6 +53,9 @@ class AdapterVersion(models.Model):
     # Why the serving side could not (un)load it, e.g. the vLLM server refused; shown on the
     # approval page. Empty when the last attempt succeeded.
     load_error = models.TextField(blank=True, default="")
+    # Set when a client whose evidence was in this version's batch was erased while the
+    # round was in flight or pending approval (issue 18): it can never be served.
+    evidence_erased = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -79,6 +82,11 @@ class AdapterVersion(models.Model):
                 condition=~Q(status__in=["approved", "active", "retired"])
                 | Q(approved_sha256=F("sha256")),
                 name="approval_matches_files",
+            ),
+            models.CheckConstraint(
+                condition=Q(evidence_erased=False)
+                | ~Q(status__in=["approved", "active", "retired"]),
+                name="erased_evidence_never_servable",
             ),
         ]
         indexes = [models.Index(fields=["status", "-created_at"])]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 
 from counselor_engine.lipo import sample_batch
 from webapp.learning.models import (
@@ -27,6 +27,7 @@ from webapp.learning.models import (
 from webapp.learning.services import SCOPE
 
 if TYPE_CHECKING:
+    from webapp.accounts.models import ClientProfile as ClientProfileModel
     from webapp.counseling.models import Session
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,33 @@ def trainable_clients() -> Q:
     # A subquery, not a join: claiming locks rows FOR UPDATE, which PostgreSQL refuses
     # on the nullable side of the outer join a reverse one-to-one lookup would make.
     held_back = ClientProfile.objects.filter(simulated=True, simulated_training=False)
-    return ~Q(client_id__in=held_back.values("user_id"))
+    return ~Q(client_id__in=held_back.values("user_id")) & ~Q(
+        client_id__in=training_withdrawn().values("user_id")
+    )
+
+
+def training_withdrawn() -> QuerySet[ClientProfileModel]:
+    """Profiles whose latest training consent record is a withdrawal (issue 18: consent
+    is checked where evidence is used - claimed or held out - not only where it was
+    created; evidence returned from a rejected round after a withdrawal stays out)."""
+    from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord
+
+    latest = (
+        ConsentRecord.objects.filter(profile=OuterRef("pk"), purpose=ConsentPurpose.TRAINING)
+        .order_by("-recorded_at", "-id")
+        .values("granted")[:1]
+    )
+    return ClientProfile.objects.annotate(training=Subquery(latest)).filter(training=False)
+
+
+def withdraw_evidence(client: Any) -> int:
+    """The client withdrew training consent: their unclaimed (available) evidence leaves
+    the buffer at once. A group a round holds already stays with that round; returns the
+    number excluded. Conditional on the status, so a concurrent claim wins or loses whole
+    rows: a row it reserved first is not touched here."""
+    return CandidateGroup.objects.filter(
+        client=client, buffer_status=CandidateGroup.Buffer.AVAILABLE
+    ).update(buffer_status=CandidateGroup.Buffer.EXCLUDED, problem="training consent withdrawn")
 
 
 def available_graphs(*, lock: bool = False) -> list[GraphRef]:

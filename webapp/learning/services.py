@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -74,41 +76,54 @@ class TamperedAdapter(NotServable):
 # -- files ------------------------------------------------------------------------------
 
 
-def adapter_digest(directory: Path | str) -> str:
-    """sha256 over an adapter folder: every regular file, in sorted relative-path order,
-    contributes ``path \\0 size \\0 content``.
-
-    Names and sizes are included so that renaming, adding or removing a file changes the
-    digest, not only editing one (a planted extra file is tampering too). Symlinks are
-    refused: they could point the loader anywhere.
-    """
+def read_adapter(directory: Path | str) -> dict[str, bytes]:
+    """Every regular file of an adapter folder, read once: relative path -> bytes.
+    Symlinks are refused: they could point the loader anywhere."""
     root = Path(directory)
     if not root.is_dir():
         raise TamperedAdapter(f"adapter folder {root} is missing")
-    digest = hashlib.sha256()
+    files: dict[str, bytes] = {}
     for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
         if path.is_symlink():
             raise TamperedAdapter(f"adapter folder {root} contains a symlink: {path.name}")
-        if not path.is_file():
-            continue
-        rel = path.relative_to(root).as_posix().encode()
-        digest.update(rel + b"\0" + str(path.stat().st_size).encode() + b"\0")
-        with path.open("rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
+        if path.is_file():
+            files[path.relative_to(root).as_posix()] = path.read_bytes()
+    return files
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """sha256 over an adapter's files in sorted relative-path order, each contributing
+    ``path \\0 size \\0 content``: renaming, adding or removing a file changes the digest,
+    not only editing one (a planted extra file is tampering too)."""
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        data = files[rel]
+        digest.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0")
+        digest.update(data)
     return digest.hexdigest()
 
 
-def _files_match(version: AdapterVersion, expected: str) -> str:
+def adapter_digest(directory: Path | str) -> str:
+    """The digest (:func:`files_digest`) of the files in an adapter folder."""
+    return files_digest(read_adapter(directory))
+
+
+def _verified_files(version: AdapterVersion, expected: str) -> dict[str, bytes]:
     if not version.path:
         raise NotServable(f"{version.name} has no files")
-    actual = adapter_digest(version.path)
+    files = read_adapter(version.path)
+    actual = files_digest(files)
     if actual != expected:
         raise TamperedAdapter(
             f"{version.name}: files in {version.path} do not match the recorded sha256 "
             f"(expected {expected[:12]}…, found {actual[:12]}…)"
         )
-    return actual
+    return files
+
+
+def _files_match(version: AdapterVersion, expected: str) -> str:
+    _verified_files(version, expected)
+    return expected
 
 
 # -- serving ----------------------------------------------------------------------------
@@ -120,17 +135,46 @@ def active_version() -> AdapterVersion | None:
 
 
 def servable_path(version: AdapterVersion) -> Path:
-    """The folder to load for ``version``, after re-checking its files.
+    """A folder to load ``version`` from, holding exactly the bytes that were verified.
 
     Approved, active and retired versions are servable (a session pinned to a version
-    that was retired meanwhile keeps it to the end). The digest is recomputed on every
-    call and compared with ``approved_sha256``: a mismatch raises :class:`TamperedAdapter`.
+    that was retired meanwhile keeps it to the end). The files are read once, their
+    digest is compared with ``approved_sha256`` (a mismatch raises
+    :class:`TamperedAdapter`), and those same bytes are written into the version's
+    snapshot folder, which is returned. Hashing the folder and letting the loader read
+    it again afterwards would serve a file swapped in between (issue 18).
     """
     version.refresh_from_db(fields=["status", "path", "approved_sha256"])
     if version.status not in SERVABLE or not version.approved_sha256:
         raise NotServable(f"{version.name} is {version.status}, not approved")
-    _files_match(version, version.approved_sha256)
-    return Path(version.path)
+    files = _verified_files(version, version.approved_sha256)
+    return _snapshot(version, files)
+
+
+def _snapshot(version: AdapterVersion, files: dict[str, bytes]) -> Path:
+    """Write the verified ``files`` into ``ADAPTER_DIR/.verified/<name>-<sha>/`` (owner
+    only). Every call rewrites each file from the verified bytes through a temporary
+    file and an atomic rename, and removes anything else there, so a concurrent loader
+    sees only whole verified files, whatever was in the folder before."""
+    base = Path(settings.ADAPTER_DIR) / ".verified"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = base / f"{version.name}-{version.approved_sha256[:16]}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for rel, data in files.items():
+        target = folder / rel
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    for path in sorted(folder.rglob("*"), reverse=True):
+        rel = path.relative_to(folder).as_posix()
+        if rel in files or (path.is_dir() and not path.is_symlink()):
+            continue
+        if path.name.startswith(".tmp-") and path.is_file() and not path.is_symlink():
+            continue  # another process's write in flight
+        path.unlink()
+    return folder
 
 
 # -- decisions --------------------------------------------------------------------------
@@ -157,10 +201,12 @@ def approve(version: AdapterVersion, clinician: User, note: str = "") -> Adapter
     with transaction.atomic():
         # The scope lock serialises this with every other approval and rollback, so the
         # active version read below cannot change before we commit.
-        _lock_scope()
+        lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status != Status.PENDING_APPROVAL:
             raise DecisionRefused(f"{current.name} is {current.status}, not pending approval")
+        if current.evidence_erased:  # erasure fails such a version too; this is the gate's
+            raise DecisionRefused(f"{current.name} trained on an erased client's evidence")
         active = active_version()
         if current.parent_id != (active.pk if active else None):
             stale = _supersede_locked([current], active, clinician)
@@ -205,7 +251,7 @@ def supersede_if_stale(version: AdapterVersion) -> str:
     superseded at once rather than waiting for a clinician to try. Returns the reason,
     or "" when it is approvable (or no longer pending)."""
     with transaction.atomic():
-        _lock_scope()
+        lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         active = active_version()
         if current.status != Status.PENDING_APPROVAL or current.parent_id == (
@@ -245,7 +291,7 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
     if getattr(actor, "role", None) not in (Role.CLINICIAN, Role.ADMIN):
         raise DecisionRefused("only clinicians and admins can roll back")
     with transaction.atomic():
-        _lock_scope()
+        lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status not in (Status.APPROVED, Status.RETIRED):
             raise DecisionRefused(
@@ -268,8 +314,9 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
     return current
 
 
-def _lock_scope() -> LearningScope:
-    """Serialise activations: every one locks the shared scope row first."""
+def lock_scope() -> LearningScope:
+    """Serialise activations: every one locks the shared scope row first (erasure
+    too, before it stops the rounds that used the client's evidence)."""
     LearningScope.objects.get_or_create(name=SCOPE)
     return LearningScope.objects.select_for_update().get(name=SCOPE)
 

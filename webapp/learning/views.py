@@ -3,7 +3,8 @@ side-by-side replies, and the Approve / Reject / Roll back actions.
 
 Clinicians and admins may look; only clinicians decide (see ``services.approve``);
 clients never reach these pages. Views parse, authorise and delegate to ``services``.
-Replies shown here are model output: untrusted text, rendered autoescaped.
+Replies shown here are model output: untrusted text, rendered autoescaped. Side-by-side
+client states are shown only when no client wrote them (``reports``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from webapp.accounts.access import deny, role_required
 from webapp.accounts.models import Role, User
-from webapp.learning import services
+from webapp.learning import reports, services
 from webapp.learning.models import AdapterVersion, SimulationRun, TrainingRun
 
 Status = AdapterVersion.Status
@@ -93,7 +94,7 @@ def adapter_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "run": run,
             "lineage": _lineage(version),
             "checks": report.get("checks", []),
-            "side_by_side": report.get("side_by_side", []),
+            "side_by_side": reports.showable_side_by_side(report),
             "active": services.active_version(),
             "pending": version.status == Status.PENDING_APPROVAL,
             "may_approve": _may_approve(request, run),

@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from counselor_engine import memory as engine_memory
-from webapp.accounts.models import User
+from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session
 from webapp.memory.models import MemoryItem
 from webapp.oversight import audit
@@ -48,8 +48,22 @@ def _clean(text: str) -> str:
 
 @transaction.atomic
 def correct(item_id: int, text: str, *, by: User, client: User) -> MemoryItem:
-    """Replace an active item of ``client`` by a corrected one (same kind and source)."""
+    """Replace an active item of ``client`` by a corrected one (same kind and source).
+
+    A correction goes into every later prompt just like a recap, so it passes the same
+    instruction filter (policy rule 4 below); where a recap loses the sentence, a
+    correction is refused with a message, so the person who typed it knows it was not
+    stored and can say it as a plain fact."""
     text = _clean(text)
+    if _has_instruction(text):
+        security_log.warning(
+            "memory policy: instruction-like correction of memory %s by user %s refused",
+            item_id, by.pk,
+        )  # fmt: skip
+        raise MemoryError(
+            "This correction reads as an instruction to the AI counselor, so it was not "
+            "saved. Please write it as a plain fact about the client."
+        )
     item = MemoryItem.objects.select_for_update().filter(pk=item_id, client=client).first()
     if item is None:
         raise MemoryError("No such memory.")
@@ -90,7 +104,8 @@ def retire(item_id: int, *, by: User, client: User) -> None:
 # 1. Source: counselor memories come only from the session-end recap of the client's OWN
 #    session (``save_recap``: the item's client is the session's client, its source turn a
 #    turn of that session); other writes are corrections by the client or their clinician
-#    (``correct``). Nothing else writes MemoryItem rows.
+#    (``correct``, which refuses text that rule 4 would change). Nothing else writes
+#    MemoryItem rows.
 # 2. Size: at most ``MAX_RECAP_ITEMS`` items per recap, each at most ``MAX_MEMORY_CHARS``.
 # 3. Kinds: recap, goal, fact, homework only.
 # 4. No instructions: a sentence that reads as an instruction to the AI (override, role or
@@ -131,13 +146,22 @@ def looks_like_instruction(text: str) -> bool:
     return bool(_INSTRUCTION.search(text))
 
 
+def _has_instruction(text: str) -> bool:
+    """Whether :func:`_without_instructions` would drop a sentence of ``text``."""
+    return any(s.strip() and looks_like_instruction(s) for s in _SENTENCE_END.split(text))
+
+
 def _without_instructions(text: str) -> str:
     kept = [s for s in _SENTENCE_END.split(text) if s.strip() and not looks_like_instruction(s)]
     return " ".join(s.strip() for s in kept)[:MAX_MEMORY_CHARS]
 
 
 def save_recap(session: Session, items: Sequence[engine_memory.MemoryItem]) -> list[MemoryItem]:
-    """Store what the engine wrote at session end (origin: counselor), under the policy."""
+    """Store what the engine wrote at session end (origin: counselor), under the policy;
+    nothing at all while the client's memory consent is withdrawn."""
+    if not memory_consented(session.client):
+        log.info("session %s: no memory consent, recap not stored", session.pk)
+        return []
     stored: list[MemoryItem] = []
     for item in items:
         if len(stored) >= MAX_RECAP_ITEMS:
@@ -188,8 +212,20 @@ def policy_violations(client: User) -> list[tuple[int, str]]:
     return out
 
 
+def memory_consented(client: User) -> bool:
+    """The client's memory consent now (the latest record decides; none means no)."""
+    profile = ClientProfile.objects.filter(user=client).first()
+    return profile is not None and profile.has_consent(ConsentPurpose.MEMORY)
+
+
 def load_store(client: User) -> engine_memory.MemoryStore:
-    """The engine's view: active items only, ids are the database ids."""
+    """The engine's view: active items only, ids are the database ids. Empty while the
+    client's memory consent is withdrawn: the items are kept (the client can still read,
+    correct or export them) but no prompt sees them until the consent is given again."""
+    if not memory_consented(client):
+        return engine_memory.MemoryStore.from_dict(
+            {"version": engine_memory.FORMAT_VERSION, "items": []}
+        )
     return engine_memory.MemoryStore.from_dict(
         {
             "version": engine_memory.FORMAT_VERSION,

@@ -70,19 +70,50 @@ def session_review(request: HttpRequest, pk: int) -> HttpResponse:
         owner = Session.objects.filter(pk=pk).values_list("client_id", flat=True).first()
         console.record_denial(request.user, request.path, client_id=owner, what=f"session={pk}")
         raise Http404("No such session")
-    audit.record(request.user, "transcript.read", subject=session.client, target=f"session:{pk}")
     assigned = console.assigned_profile(request.user, session.client_id) is not None
-    context = {
+    flags = SafetyFlag.objects.filter(session=session).select_related(
+        "client", "acknowledged_by", "escalated_to"
+    )
+    context: dict[str, object] = {
         "session": session,
         "assigned": assigned,
         "not_assigned": not assigned,  # here through an escalated flag only
-        "items": console.review(session),
-        "evidence": evidence.note(session, session.posterior_updates.count()),
-        "flags": SafetyFlag.objects.filter(session=session).select_related(
-            "client", "acknowledged_by", "escalated_to"
-        ),
+        "flags": flags,
     }
+    if not console.review_consented(session.client):
+        # Review withdrawn: a safety flag still reaches the clinician, with the flagged
+        # turn only (said on "My choices"); without one there is nothing to show.
+        turns = console.flagged_turns(session)
+        if not turns:
+            return review_withdrawn(request, session)
+        audit.record(
+            request.user, "transcript.read_flagged", subject=session.client,
+            target=f"session:{pk}", turns=[t.seq for t in turns],
+        )  # fmt: skip
+        context.update(review_withdrawn=True, items=[console.ReviewTurn(t) for t in turns])
+        return render(request, "oversight/session_review.html", context)
+    audit.record(request.user, "transcript.read", subject=session.client, target=f"session:{pk}")
+    context.update(
+        items=console.review(session),
+        evidence=evidence.note(session, session.posterior_updates.count()),
+    )
     return render(request, "oversight/session_review.html", context)
+
+
+def review_withdrawn(request: HttpRequest, session: Session) -> HttpResponse:
+    """403: the client withdrew consent to clinician review (audited, and a security log
+    line like every refusal)."""
+    console.security_log.info(
+        "refused user=%s session=%s (clinician review consent withdrawn)",
+        request.user.username, session.pk,
+    )  # fmt: skip
+    audit.record(
+        request.user, "access.denied", subject=session.client,
+        target=f"session:{session.pk}", reason="clinician review consent withdrawn",
+    )  # fmt: skip
+    return render(
+        request, "oversight/review_withdrawn.html", {"session": session}, status=403
+    )
 
 
 @role_required(Role.CLINICIAN)

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from counselor_engine.skills import skills_for
-from webapp.accounts.models import ClientProfile, User
+from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session, Turn
 from webapp.learning.models import CandidateGroup, SkillDecision
 from webapp.oversight import audit, plots
@@ -37,6 +37,20 @@ def record_denial(user: User, path: str, *, client_id: int | None = None, what: 
     )
     subject = User.objects.filter(pk=client_id).first() if client_id is not None else None
     audit.record(user, "access.denied", subject=subject, target=path[:128], reason="not assigned")
+
+
+def review_consented(client: User) -> bool:
+    """Whether the client consents to clinician review now (the latest record decides;
+    none means no). Checked by every page that shows a clinician the client's words."""
+    profile = ClientProfile.objects.filter(user=client).first()
+    return profile is not None and profile.has_consent(ConsentPurpose.CLINICIAN_REVIEW)
+
+
+def flagged_turns(session: Session) -> list[Turn]:
+    """What a clinician may still see of a session whose client withdrew review: the
+    turns that raised a safety flag, and nothing else."""
+    ids = SafetyFlag.objects.filter(session=session).values("turn_id")
+    return list(Turn.objects.filter(session=session, pk__in=ids).order_by("seq"))
 
 
 def assigned_profile(clinician: User, client_id: int) -> ClientProfile | None:

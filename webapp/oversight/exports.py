@@ -3,8 +3,9 @@
 Everything the product keeps about the client: account, profile, consent history, courses
 and sessions with the full transcript, the skill decision and the candidates behind each
 counselor reply, memory with its whole correction history, posterior cells with their
-update history, safety flags, the clinician's controls, and who accessed their data
-(audit events about them, by action and role; staff names are not exported).
+update history, safety flags, the clinician's controls, which of their evidence groups an
+approved adapter already trained on, and who accessed their data (audit events about
+them, by action and role; staff names are not exported).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session
 from webapp.learning.models import CandidateGroup, PosteriorCell, PosteriorUpdate
 from webapp.memory.models import MemoryItem
+from webapp.oversight.erasure import used_by_approved_adapters
 from webapp.oversight.models import AuditEvent, ClientControl, SafetyFlag
 
 FORMAT = "psyevo.client-export/1"
@@ -70,6 +72,9 @@ def client_export(client: User) -> dict[str, Any]:
             for f in SafetyFlag.objects.filter(client=client).order_by("created_at")
         ],
         "controls": _controls(client),
+        # Evidence an approved adapter already trained on: withdrawing training consent
+        # (or erasure) cannot take it back out of those weights, so the client is told.
+        "used_by_approved_adapters": used_by_approved_adapters(client),
         "access_log": [
             {
                 "action": e.action,

@@ -9,11 +9,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.access import role_required
+from webapp.accounts.access import role_required, same_site_path
 from webapp.accounts.models import Role
 from webapp.counseling.models import Session
 from webapp.oversight import audit, console, services
 from webapp.oversight.access import pausable_profile
+from webapp.oversight.clinician_views import review_withdrawn
 from webapp.oversight.models import ClientControl
 
 security_log = logging.getLogger("psyevo.security")
@@ -30,6 +31,8 @@ def _overseen_session(request: HttpRequest, pk: int) -> Session:
 @role_required(Role.CLINICIAN)
 def live_session(request: HttpRequest, pk: int) -> HttpResponse:
     session = _overseen_session(request, pk)
+    if not console.review_consented(session.client):
+        return review_withdrawn(request, session)
     audit.record(request.user, "transcript.read", subject=session.client, target=f"session:{pk}")
     control = ClientControl.objects.filter(client=session.client).first()
     return render(
@@ -65,7 +68,7 @@ def _set_pause(request: HttpRequest, client_id: int, paused: bool) -> HttpRespon
         if paused
         else f"The AI counselor is back for {profile.user.username}.",
     )
-    return redirect(request.POST.get("next") or "clinician_home")
+    return redirect(same_site_path(request.POST.get("next")) or "clinician_home")
 
 
 @role_required(Role.CLINICIAN)

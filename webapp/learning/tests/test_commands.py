@@ -7,7 +7,12 @@ import io
 import pytest
 from django.core.management import call_command
 
-from webapp.accounts.tests.factories import ClinicianFactory
+from webapp.accounts.tests.factories import (
+    AdminFactory,
+    ClientProfileFactory,
+    ClinicianFactory,
+    UserFactory,
+)
 from webapp.learning import services
 from webapp.learning.models import TrainingRun
 from webapp.learning.tests.helpers import make_evidence
@@ -42,9 +47,28 @@ def test_lipo_round_without_now_queues_on_commit(lipo_settings, django_capture_o
     import redis
     from django.conf import settings
 
+    AdminFactory(username="op")
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        call_command("lipo_round", stdout=io.StringIO())
+        call_command("lipo_round", "--started-by", "op", stdout=io.StringIO())
     assert len(callbacks) == 1 and TrainingRun.objects.get().status == "queued"
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     assert broker.llen(lipo_settings.LIPO["queue"]) == 1
     broker.delete(lipo_settings.LIPO["queue"])
+
+
+@pytest.mark.parametrize("args", [
+    [],  # no operator: separation of duties could be bypassed
+    ["--started-by", ""],
+    ["--started-by", "nobody"],
+    ["--started-by", "a-client"],
+    ["--started-by", "gone"],
+])  # fmt: skip
+def test_lipo_round_refuses_without_a_known_staff_operator(lipo_settings, args):  # type: ignore[no-untyped-def]
+    from django.core.management.base import CommandError
+
+    ClientProfileFactory(user=UserFactory(username="a-client"))
+    ClinicianFactory(username="gone", is_active=False)
+
+    with pytest.raises(CommandError):
+        call_command("lipo_round", *args, stdout=io.StringIO(), stderr=io.StringIO())
+    assert not TrainingRun.objects.exists()

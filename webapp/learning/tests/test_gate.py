@@ -165,7 +165,8 @@ def test_it_refuses_to_approve_files_changed_after_validation(tmp_path, pending)
 
 
 def test_it_serves_only_approved_versions(tmp_path, active, pending):  # type: ignore[no-untyped-def]
-    assert services.servable_path(active) == tmp_path / "v1"
+    served = services.servable_path(active)
+    assert services.adapter_digest(served) == active.approved_sha256
     with pytest.raises(services.NotServable):
         services.servable_path(pending)
 
@@ -213,3 +214,25 @@ def test_the_database_refuses_broken_gate_states(tmp_path, active):  # type: ign
     with pytest.raises(IntegrityError), transaction.atomic():  # reserved without a lease
         group = make_evidence(1)[0]
         CandidateGroup.objects.filter(pk=group.pk).update(buffer_status=Buffer.RESERVED)
+
+
+def test_it_serves_the_verified_bytes_not_the_folder_read_again(tmp_path, active):  # type: ignore[no-untyped-def]
+    """The loader reads a snapshot written from the bytes that were hashed: a file
+    swapped into the version's folder after the check is never what gets loaded."""
+    original = (tmp_path / "v1" / "adapter_model.safetensors").read_bytes()
+    served = services.servable_path(active)
+    assert served != tmp_path / "v1"
+
+    (tmp_path / "v1" / "adapter_model.safetensors").write_bytes(b"swapped after the check")
+    assert (served / "adapter_model.safetensors").read_bytes() == original
+    assert services.adapter_digest(served) == active.approved_sha256
+    # Whatever is planted in the snapshot, the next successful check rewrites it from
+    # the verified bytes and removes the extra file.
+    (served / "adapter_model.safetensors").write_bytes(b"planted")
+    (served / "extra.py").write_text("import os")
+    with pytest.raises(services.TamperedAdapter):
+        services.servable_path(active)
+    (tmp_path / "v1" / "adapter_model.safetensors").write_bytes(original)
+    assert services.servable_path(active) == served
+    assert services.adapter_digest(served) == active.approved_sha256
+    assert not (served / "extra.py").exists()

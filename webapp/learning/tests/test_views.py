@@ -21,7 +21,7 @@ def pending(tmp_path):  # type: ignore[no-untyped-def]
         "passed": True,
         "checks": [{"name": "update_norm", "passed": True, "detail": "relative update 0.01"}],
         "side_by_side": [{
-            "group": "g", "modality": "cbt", "held_out": True,
+            "id": "cbt-stuck", "source": "project", "modality": "cbt",
             "prompt": [{"role": "user", "content": "I feel stuck."}],
             "parent": "Tell me more.", "candidate": EVIL,
         }],

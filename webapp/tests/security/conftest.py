@@ -3,8 +3,10 @@
 ``world`` builds two clients (A and B), each with their own clinician, an admin, and
 everything a role might try to reach: A's transcripts, memory, posterior, candidate
 graph, a crisis flag, adapter versions (one pending from a round that clinician B
-started) and an erasure report. A's texts carry ``CANARY_A`` so a page that should not
-show A's data can be checked for it.
+started, whose validation report holds A's words as older rounds wrote them) and an
+erasure report; and client C of clinician A, who withdrew consent to clinician review.
+A's (and C's) texts carry ``CANARY_A`` so a page that should not show them can be checked
+for it.
 
 Log-ins live here only (``login``, ``session_cookie``, ``ws_connect``): when MFA
 (django-otp) guards staff pages, this is the one place that has to satisfy it.
@@ -26,7 +28,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.sessions.backends.db import SessionStore
 from django.test import Client
 
-from webapp.accounts.models import ClientProfile, Role, User
+from webapp.accounts.models import ClientProfile, ConsentRecord, Role, User
 from webapp.accounts.tests.factories import (
     AdminFactory,
     ClientProfileFactory,
@@ -195,9 +197,23 @@ def build_world(adapter_dir: Path) -> World:
         "v-retired", "retired", write_adapter_files(adapter_dir / "retired", b"old"),
         approver=approver, parent=None,
     )  # fmt: skip
+    # A report written before issue 18 copied a held-out group of A into side_by_side:
+    # the approval page, open to all staff, must never show it.
+    report = {
+        "passed": True,
+        "checks": [{"name": "update_norm", "passed": True, "detail": "relative update 0.01"}],
+        "side_by_side": [
+            {"group": "g-a", "modality": "cbt", "held_out": True,
+             "prompt": [{"role": "user", "content": f"I feel anxious {CANARY_A}"}],
+             "parent": f"You said {CANARY_A}", "candidate": f"Tell me about {CANARY_A}"},
+            {"id": "cbt-work-worry", "source": "project", "modality": "cbt",
+             "prompt": [{"role": "user", "content": "I dread Mondays."}],
+             "parent": "Tell me more.", "candidate": "What happens on Sundays?"},
+        ],
+    }  # fmt: skip
     pending = make_version(
         "v-pending", "pending_approval", write_adapter_files(adapter_dir / "pending", b"new"),
-        parent=active,
+        parent=active, validation_report=report,
     )  # fmt: skip
     pending_free = make_version(
         "v-pending-free", "pending_approval", write_adapter_files(adapter_dir / "free", b"n2"),
@@ -210,6 +226,18 @@ def build_world(adapter_dir: Path) -> World:
     TrainingRun.objects.create(
         status="succeeded", output_version=pending_free, parent_version=active
     )
+    # Client C, assigned to clinician A, withdrew consent to clinician review: C's
+    # transcripts carry CANARY_A too, so a refused page is checked for leaking them.
+    profile_c = ClientProfileFactory(user__username="client_c", clinician=clinician_a)
+    grant_all_consents(profile_c)
+    ConsentRecord.objects.create(profile=profile_c, purpose="clinician_review", granted=False)
+    withdrawn_ended = make_session(profile_c, client_text=f"Private {CANARY_A}")
+    withdrawn_flagged = make_session(profile_c, client_text=f"I want to end it {CANARY_A}")
+    SafetyFlag.objects.create(
+        client=profile_c.user, session=withdrawn_flagged, level="crisis",
+        turn=Turn.objects.filter(session=withdrawn_flagged, role="client").first(),
+    )  # fmt: skip
+    withdrawn_open = make_session(profile_c, open_=True, client_text=f"Live {CANARY_A}")
     # An erasure report of some other, already erased client.
     gone = UserFactory(username="erased")
     erasure = audit.record(admin, "client.erase", target=f"user:{gone.pk}", counts={})
@@ -236,6 +264,11 @@ def build_world(adapter_dir: Path) -> World:
         active=active,
         run=run,
         erasure=erasure,
+        extra={
+            "withdrawn_ended": withdrawn_ended,
+            "withdrawn_flagged": withdrawn_flagged,
+            "withdrawn_open": withdrawn_open,
+        },
     )
 
 

@@ -9,6 +9,10 @@ not read off the code, so the tests check the code against the rules:
   (skill, candidates, preference graph), memory review and correction, skill controls,
   alerts, joining a live session and pausing the AI (takeover). Clinicians decide on
   adapter versions; whoever started a round cannot approve its output.
+- Consent is checked where the data is used: while a client has withdrawn consent to
+  clinician review, their clinician gets no transcript review and no live page, except
+  that a session with a safety flag shows the flagged turn. The approval page is open to
+  all staff, so it shows no client's words, even from a report that holds them.
 - An admin has the console (posteriors, population, runs, lineage, audit log and its
   export, erasure), the Django admin for accounts, may roll back to an earlier approved
   version, and reads no transcript, memory or candidate graph. The Django admin never
@@ -136,6 +140,15 @@ HTTP: list[Row] = [
         lambda w: f"/clinician/sessions/{w.open_a.pk}/", CLINICIAN_A, sees_a=CLINICIAN_A),
     Row("transcript", "http", "clinician client page", "get",
         lambda w: f"/clinician/clients/{_a(w)}/", CLINICIAN_A),
+    # Client C (clinician A's) withdrew clinician review: refused even to clinician A...
+    Row("transcript", "http", "session review, review consent withdrawn", "get",
+        lambda w: f"/clinician/sessions/{w.extra['withdrawn_ended'].pk}/review/", NOBODY),
+    Row("transcript", "http", "live session, review consent withdrawn", "get",
+        lambda w: f"/clinician/sessions/{w.extra['withdrawn_open'].pk}/", NOBODY),
+    # ...except the flagged turn of a session with a safety flag.
+    Row("transcript", "http", "flagged turn, review consent withdrawn", "get",
+        lambda w: f"/clinician/sessions/{w.extra['withdrawn_flagged'].pk}/review/",
+        CLINICIAN_A, sees_a=CLINICIAN_A),
     # -- memory ------------------------------------------------------------------------
     Row("memory", "http", "my memory (own only)", "get", lambda w: "/memory/", CLIENTS,
         sees_a=CLIENT_A),
@@ -169,8 +182,10 @@ HTTP: list[Row] = [
         sees_a=CLINICIAN_A),
     # -- adapters ----------------------------------------------------------------------
     Row("adapter_approve", "http", "approval gate list", "get", lambda w: "/adapters/", STAFF),
-    Row("adapter_approve", "http", "version report", "get",
-        lambda w: f"/adapters/{w.pending.pk}/", STAFF),
+    # v-pending's report holds A's words (as rounds before issue 18 wrote them): no staff
+    # member sees them, A's own clinician included.
+    Row("adapter_approve", "http", "version report holding A's words", "get",
+        lambda w: f"/adapters/{w.pending.pk}/", STAFF, sees_a=NOBODY),
     Row("adapter_approve", "http", "approve a round clinician B started", "post",
         lambda w: f"/adapters/{w.pending.pk}/approve/", CLINICIAN_A,
         effect=_status("pending", "active")),

@@ -1,8 +1,10 @@
 """``manage.py lipo_round``: queue a LiPO round, or run one now in the foreground.
 
 ``--now`` runs the round in this process (a progress bar on stderr) instead of on the
-Celery ``training`` queue; ``--started-by USERNAME`` records the operator, who then cannot
-approve the version the round produces. Expired evidence leases are released first.
+Celery ``training`` queue. ``--started-by USERNAME`` is required: it records the operator
+(an active clinician or admin), who then cannot approve the version the round produces;
+without it a clinician could start a round anonymously and approve its output, and
+separation of duties would be gone. Expired evidence leases are released first.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from webapp.accounts.models import User
+from webapp.accounts.models import Role, User
 from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.learning.schedule import queue_round
 from webapp.learning.services import release_expired_leases
@@ -25,14 +27,20 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--now", action="store_true", help="run in the foreground")
-        parser.add_argument("--started-by", metavar="USERNAME", help="the operator")
+        parser.add_argument(
+            "--started-by", metavar="USERNAME", required=True,
+            help="the operator (an active clinician or admin; required)",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
-        operator = None
-        if options["started_by"]:
-            operator = User.objects.filter(username=options["started_by"]).first()
-            if operator is None:
-                raise CommandError(f"no user {options['started_by']!r}")
+        name = (options.get("started_by") or "").strip()
+        if not name:
+            raise CommandError("--started-by USERNAME is required (the operator)")
+        operator = User.objects.filter(
+            username=name, is_active=True, role__in=[Role.CLINICIAN, Role.ADMIN]
+        ).first()
+        if operator is None:
+            raise CommandError(f"no active clinician or admin {name!r}")
         released = release_expired_leases()
         if released:
             self.stderr.write(f"released {released} evidence groups from lost rounds")

@@ -14,10 +14,11 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.contrib.sessions.backends.db import SessionStore
+from django.db import DatabaseError
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
+log = logging.getLogger(__name__)
 security_log = logging.getLogger("psyevo.security")
 
 
@@ -44,7 +45,12 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
     async def _reauth_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.WS_REAUTH_SECONDS)
-            if not await self._still_allowed():
+            try:
+                allowed = await self._still_allowed()
+            except DatabaseError as exc:  # PostgreSQL away: keep checking, never stop
+                log.warning("notifications: re-check unavailable: %s", exc)
+                continue
+            if not allowed:
                 await self.close(code=4401)
                 return
 
@@ -91,9 +97,9 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _still_allowed(self) -> bool:
-        """Still active, and still logged in (logout deletes the Django session row)."""
+        """Still active and still logged in (``socket_auth.login_still_valid``)."""
         from webapp.accounts.models import User
+        from webapp.accounts.socket_auth import login_still_valid
 
-        if self.django_session_key and not SessionStore().exists(self.django_session_key):
-            return False
-        return User.objects.filter(pk=self.user_id, is_active=True).exists()
+        user = User.objects.filter(pk=self.user_id, is_active=True).first()
+        return user is not None and login_still_valid(self.django_session_key, user)

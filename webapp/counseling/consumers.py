@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.contrib.sessions.backends.db import SessionStore
 from django.db import DatabaseError
 
 from counselor_engine import safety_model
+from webapp.accounts.socket_auth import login_still_valid
 from webapp.counseling import frames, services, turns
 from webapp.counseling.models import Session, Turn
 from webapp.counseling.turns import (  # noqa: F401  (imported from here by other modules)
@@ -177,28 +177,40 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     # -- authorization ---------------------------------------------------------------------
     @database_sync_to_async
-    def _role_in_session(self) -> str | None:
-        """'client' or 'clinician' when this user may use this session's socket."""
+    def _role_in_session(self, touch: bool = False) -> str | None:
+        """'client' or 'clinician' when this user may use this session's socket: still
+        active and logged in (not logged out, expired, idle past the staff limit or
+        behind a changed password), and, for a clinician, allowed to see this client's
+        words (assigned or covering, and the client consents to clinician review; a
+        crisis flag still reaches the clinician through the alert, with its turn only)."""
         from webapp.accounts.models import User
+        from webapp.oversight.console import review_consented
 
         user = User.objects.filter(pk=self.user.pk, is_active=True).first()
-        if user is None:
+        if user is None or not login_still_valid(self.django_session_key, user, touch=touch):
             return None
-        if self.django_session_key and not SessionStore().exists(self.django_session_key):
-            return None  # logged out: the Django session row is gone
-        session = Session.objects.filter(pk=self.session_id).first()
+        session = Session.objects.select_related("client").filter(pk=self.session_id).first()
         if session is None:
             return None
         if user.role == "client" and services.client_may_open(user, session):
             return "client"
-        if user.role == "clinician" and services.clinician_may_open(user, session):
+        if (
+            user.role == "clinician"
+            and services.clinician_may_open(user, session)
+            and review_consented(session.client)
+        ):
             return "clinician"
         return None
 
     async def _reauth_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.WS_REAUTH_SECONDS)
-            if await self._role_in_session() is None:
+            try:
+                role = await self._role_in_session()
+            except DatabaseError as exc:  # PostgreSQL away: keep checking, never stop
+                log.warning("session %s: re-check unavailable: %s", self.session_id, exc)
+                continue
+            if role is None:
                 await self.close(code=CLOSE_UNAUTHORIZED)
                 return
 
@@ -230,7 +242,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self.send(frames.error_frame(-1, "bad_json", "That message could not be read."))
             return
         try:
-            role: str | None = await self._role_in_session()
+            role: str | None = await self._role_in_session(touch=True)
         except DatabaseError as exc:
             # PostgreSQL unreachable: the socket was authorized at connect (and the timer
             # rechecks it); the message must still reach the turn API, which answers a

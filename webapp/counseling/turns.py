@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError
@@ -844,11 +845,14 @@ async def end_session(
     """The session end. A reply still being written finds the session ENDED when it
     commits and stores nothing; once the end is committed, the ones written in this
     process also stop streaming (other processes stop on the session-end broadcast).
-    Returns the engine's ``SessionOutcome``."""
-    counselor, _ = await database_sync_to_async(counselor_for)(
-        session_id, "end", overrides=overrides
-    )
+    Returns the engine's ``SessionOutcome``.
+
+    Its callers are synchronous at heart (the end view through ``async_to_sync``, the
+    simulation lab's command), so the ORM work runs on the caller's own thread and
+    connection (``sync_to_async``): ``database_sync_to_async`` would close that
+    connection in the middle of the view's request (and of a test's transaction)."""
+    counselor, _ = await sync_to_async(counselor_for)(session_id, "end", overrides=overrides)
     outcome = await counselor.end_session(rating)
-    await database_sync_to_async(services.finish_session)(session_id, outcome, rating)
+    await sync_to_async(services.finish_session)(session_id, outcome, rating)
     supersede(session_id)
     return outcome

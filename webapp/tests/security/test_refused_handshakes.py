@@ -43,7 +43,6 @@ from websockets.typing import Origin
 from scripts.cluster import Cluster
 from webapp.counseling.tests.browser_support import server_env, wait_for_other_db_sessions_to_end
 from webapp.tests.security.conftest import World, session_cookie
-from webapp.tests.test_crisis_faults import private_redis  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,7 +59,7 @@ def server(
     transactional_db: Any,
     tiny_model_dir: Path,
     tmp_path: Path,
-    private_redis: tuple[str, Any],  # noqa: F811
+    private_redis: tuple[str, Any],
 ) -> Iterator[tuple[Cluster, str]]:
     """One Daphne and one default worker on the test database and the private Redis."""
     url, _ = private_redis

@@ -14,7 +14,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.accounts.access import role_required
-from webapp.accounts.models import ClientProfile, Role
+from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Course, Session
 from webapp.memory import services as memory_services
 from webapp.memory.models import MemoryItem
@@ -100,25 +100,44 @@ def session_review(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "oversight/session_review.html", context)
 
 
-def review_withdrawn(request: HttpRequest, session: Session) -> HttpResponse:
+def review_withdrawn(
+    request: HttpRequest, session: Session | None = None, *, client: User | None = None
+) -> HttpResponse:
     """403: the client withdrew consent to clinician review (audited, and a security log
-    line like every refusal)."""
+    line like every refusal). ``session`` for a transcript or live page, ``client`` for
+    a page about the client as a whole (their memory)."""
+    client = session.client if session is not None else client
+    assert client is not None, "a session or a client"
+    target = f"session:{session.pk}" if session is not None else f"client:{client.pk}"
     console.security_log.info(
-        "refused user=%s session=%s (clinician review consent withdrawn)",
-        request.user.username, session.pk,
-    )  # fmt: skip
+        "refused user=%s %s (clinician review consent withdrawn)", request.user.username, target
+    )
     audit.record(
-        request.user, "access.denied", subject=session.client,
-        target=f"session:{session.pk}", reason="clinician review consent withdrawn",
+        request.user, "access.denied", subject=client, target=target,
+        reason="clinician review consent withdrawn",
     )  # fmt: skip
     return render(
-        request, "oversight/review_withdrawn.html", {"session": session}, status=403
+        request,
+        "oversight/review_withdrawn.html",
+        {"session": session, "client": client},
+        status=403,
     )
+
+
+def _memory_refused(request: HttpRequest, profile: ClientProfile) -> HttpResponse | None:
+    """A client's memories are their words (recaps of what they said): while they withdraw
+    clinician review, the memory page and its correct/retire actions are refused like their
+    transcripts. A safety flag never rests on a memory, so nothing is carved out here."""
+    if console.review_consented(profile.user):
+        return None
+    return review_withdrawn(request, client=profile.user)
 
 
 @role_required(Role.CLINICIAN)
 def memory(request: HttpRequest, client_id: int) -> HttpResponse:
     profile = _client_or_404(request, client_id)
+    if refused := _memory_refused(request, profile):
+        return refused
     audit.record(request.user, "memory.read", subject=profile.user, target=f"client:{client_id}")
     return render(
         request,
@@ -135,6 +154,8 @@ def memory(request: HttpRequest, client_id: int) -> HttpResponse:
 @require_POST
 def memory_correct(request: HttpRequest, client_id: int, item_id: int) -> HttpResponse:
     profile = _item_client_or_404(request, client_id, item_id)
+    if refused := _memory_refused(request, profile):
+        return refused
     form = MemoryCorrectionForm(request.POST)
     try:
         if not form.is_valid():
@@ -152,6 +173,8 @@ def memory_correct(request: HttpRequest, client_id: int, item_id: int) -> HttpRe
 @require_POST
 def memory_retire(request: HttpRequest, client_id: int, item_id: int) -> HttpResponse:
     profile = _item_client_or_404(request, client_id, item_id)
+    if refused := _memory_refused(request, profile):
+        return refused
     try:
         memory_services.retire(item_id, by=request.user, client=profile.user)
         messages.success(request, "Memory retired: the counselor no longer uses it.")

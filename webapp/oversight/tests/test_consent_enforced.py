@@ -91,6 +91,32 @@ def test_without_review_consent_the_transcript_and_live_pages_are_refused(client
     assert "PRIVATE-words" in client.get(reverse("session_review", args=[ended.pk])).content.decode()
 
 
+def test_without_review_consent_the_clinician_cannot_read_or_change_memory(client):  # type: ignore[no-untyped-def]
+    profile = client_profile()
+    item = MemoryItem.objects.create(
+        client=profile.user, kind="fact", text="PRIVATE-has a sister in Leeds", origin="client"
+    )
+    choose(client, profile, clinician_review=False)
+    client.force_login(profile.clinician)
+    base = f"/clinician/clients/{profile.user.pk}/memory/"
+
+    page = client.get(base)
+    correct = client.post(f"{base}{item.pk}/correct/", {"text": "has a brother"})
+    retire = client.post(f"{base}{item.pk}/retire/")
+
+    assert [page.status_code, correct.status_code, retire.status_code] == [403, 403, 403]
+    assert "withdrawn consent to review" in page.content.decode()
+    assert "PRIVATE-" not in page.content.decode()
+    item.refresh_from_db()
+    assert item.retired_at is None and not MemoryItem.objects.filter(supersedes=item).exists()
+    assert AuditEvent.objects.filter(action="access.denied", subject=profile.user).count() == 3
+    assert not AuditEvent.objects.filter(action="memory.read", subject=profile.user).exists()
+
+    choose(client, profile)  # given again: the page opens
+    client.force_login(profile.clinician)
+    assert "PRIVATE-has a sister" in client.get(base).content.decode()
+
+
 def test_a_crisis_flag_still_shows_the_clinician_the_flagged_turn_only(client):  # type: ignore[no-untyped-def]
     profile = client_profile()
     session = make_session(profile, open_=True, client_text="PRIVATE-earlier words")

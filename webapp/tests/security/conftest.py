@@ -238,6 +238,9 @@ def build_world(adapter_dir: Path) -> World:
         turn=Turn.objects.filter(session=withdrawn_flagged, role="client").first(),
     )  # fmt: skip
     withdrawn_open = make_session(profile_c, open_=True, client_text=f"Live {CANARY_A}")
+    MemoryItem.objects.create(
+        client=profile_c.user, kind="fact", text=f"Remembered {CANARY_A}", origin="client"
+    )
     # An erasure report of some other, already erased client.
     gone = UserFactory(username="erased")
     erasure = audit.record(admin, "client.erase", target=f"user:{gone.pk}", counts={})

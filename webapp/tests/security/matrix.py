@@ -145,6 +145,8 @@ HTTP: list[Row] = [
         lambda w: f"/clinician/sessions/{w.extra['withdrawn_ended'].pk}/review/", NOBODY),
     Row("transcript", "http", "live session, review consent withdrawn", "get",
         lambda w: f"/clinician/sessions/{w.extra['withdrawn_open'].pk}/", NOBODY),
+    Row("memory", "http", "clinician memory review, review consent withdrawn", "get",
+        lambda w: f"/clinician/clients/{w.extra['withdrawn_ended'].client_id}/memory/", NOBODY),
     # ...except the flagged turn of a session with a safety flag.
     Row("transcript", "http", "flagged turn, review consent withdrawn", "get",
         lambda w: f"/clinician/sessions/{w.extra['withdrawn_flagged'].pk}/review/",

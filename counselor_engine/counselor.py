@@ -691,8 +691,12 @@ class Counselor:
         )  # fmt: skip
 
     # -- session end -----------------------------------------------------------------------
-    async def end_session(self, rating: SessionRating | None = None) -> SessionOutcome:
+    async def end_session(
+        self, rating: SessionRating | None = None, *, recap: bool = True
+    ) -> SessionOutcome:
         """Credit, posterior updates and memory recap (paper Alg. 1 lines 14-15, 21).
+        ``recap=False`` (the client withheld memory consent) makes no recap at all: the
+        transcript is not even shown to the model for it, since nothing could be kept.
 
         1. Judge R_t for every turn that has a skill decision and a client reaction.
         2. :func:`soca.check_session_evidence` (H.7): a failed judge, fewer than two
@@ -752,10 +756,10 @@ class Counselor:
             projected = reward
         if reward_observed:
             client.session_rewards.append(reward)
-        recap = await self._recap()
+        recap_items = await self._recap() if recap else []
         outcomes = [None if judge_failed else v for v in observed]
         return SessionOutcome(
-            outcomes, internal, rating, reward, projected, credit, updates, recap,
+            outcomes, internal, rating, reward, projected, credit, updates, recap_items,
             evidence=evidence, reward_observed=reward_observed,
         )  # fmt: skip
 

@@ -57,6 +57,7 @@ from webapp.counseling.models import Turn
 from webapp.counseling.runtime import counselor_for, get_backend
 from webapp.learning.models import AdapterVersion
 from webapp.learning.services import NotServable, servable_path
+from webapp.memory import services as memory_services
 from webapp.oversight.models import ClientControl
 
 log = logging.getLogger(__name__)
@@ -851,8 +852,12 @@ async def end_session(
     simulation lab's command), so the ORM work runs on the caller's own thread and
     connection (``sync_to_async``): ``database_sync_to_async`` would close that
     connection in the middle of the view's request (and of a test's transaction)."""
-    counselor, _ = await sync_to_async(counselor_for)(session_id, "end", overrides=overrides)
-    outcome = await counselor.end_session(rating)
+    counselor, session = await sync_to_async(counselor_for)(
+        session_id, "end", overrides=overrides
+    )
+    # Memory consent is read at the point of use: withdrawn, no recap is even drafted.
+    recap = await sync_to_async(memory_services.memory_consented)(session.client)
+    outcome = await counselor.end_session(rating, recap=recap)
     await sync_to_async(services.finish_session)(session_id, outcome, rating)
     supersede(session_id)
     return outcome

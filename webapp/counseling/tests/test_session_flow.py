@@ -164,6 +164,48 @@ async def test_ending_with_a_rating_persists_credit_posteriors_memory_and_schedu
     assert scope.completed_sessions == 1
 
 
+async def test_without_memory_consent_the_session_end_drafts_no_recap(
+    tiny_engine, async_client, monkeypatch
+):  # type: ignore[no-untyped-def]
+    """Withdrawn memory consent: the transcript is not shown to the model for a recap
+    at all (nothing could be kept); given again, the next session end drafts one."""
+    from counselor_engine import counselor as engine_counselor
+    from webapp.accounts.models import ConsentRecord
+
+    drafted: list[int] = []
+    real = engine_counselor.generate_recap
+
+    async def spy(backend, transcript, **kwargs):  # type: ignore[no-untyped-def]
+        drafted.append(len(transcript))
+        return await real(backend, transcript, **kwargs)
+
+    monkeypatch.setattr(engine_counselor, "generate_recap", spy)
+    profile = await sync_to_async(consenting_client)()
+    await sync_to_async(ConsentRecord.objects.create)(
+        profile=profile, purpose="memory", granted=False
+    )
+    await sync_to_async(async_client.force_login)(profile.user)
+    withheld = await sync_to_async(services.start_session)(profile.user)
+    await talk(withheld, profile.user, ["I had a rough week at work"])
+    assert (
+        await async_client.post(reverse("end_session", args=[withheld.pk]), RATING)
+    ).status_code == 302
+
+    assert drafted == []
+    assert not await sync_to_async(MemoryItem.objects.filter(client=profile.user).exists)()
+
+    await sync_to_async(ConsentRecord.objects.create)(
+        profile=profile, purpose="memory", granted=True
+    )
+    given = await sync_to_async(services.start_session)(profile.user)
+    await talk(given, profile.user, ["I had a rough week at work"])
+    assert (
+        await async_client.post(reverse("end_session", args=[given.pk]), RATING)
+    ).status_code == 302
+    assert drafted == [2]  # one client message and its reply
+    assert await sync_to_async(MemoryItem.objects.filter(source_session=given).exists)()
+
+
 async def test_ending_without_rating_is_recorded(tiny_engine, async_client):  # type: ignore[no-untyped-def]
     profile = await sync_to_async(consenting_client)()
     session = await sync_to_async(services.start_session)(profile.user)

@@ -142,13 +142,55 @@ def servable_path(version: AdapterVersion) -> Path:
     digest is compared with ``approved_sha256`` (a mismatch raises
     :class:`TamperedAdapter`), and those same bytes are written into the version's
     snapshot folder, which is returned. Hashing the folder and letting the loader read
-    it again afterwards would serve a file swapped in between (issue 18).
+    it again afterwards would serve a file swapped in between (issue 18). A folder and
+    not bytes, because the backends load by path (a vLLM server reads its adapters
+    from disk); the folder is owner-only and rewritten from the verified bytes on
+    every load, so only the service's own user could change it between write and read.
     """
     version.refresh_from_db(fields=["status", "path", "approved_sha256"])
     if version.status not in SERVABLE or not version.approved_sha256:
         raise NotServable(f"{version.name} is {version.status}, not approved")
     files = _verified_files(version, version.approved_sha256)
-    return _snapshot(version, files)
+    folder = _snapshot(version, files)
+    prune_snapshots(keep=folder.name)
+    return folder
+
+
+def _snapshot_name(version: AdapterVersion) -> str:
+    return f"{version.name}-{version.approved_sha256[:16]}"
+
+
+def prune_snapshots(*, keep: str = "") -> list[str]:
+    """Remove the snapshot folders nothing can load any more; returns their names.
+
+    A snapshot is needed while its version may still be loaded: approved or active, or
+    retired but pinned by a session still open (a session keeps its version to the end).
+    Folders of rejected, failed or unpinned retired versions, and of an approval digest
+    that is no longer the version's, are removed, so copies of old weights do not pile
+    up beside the adapters. ``keep`` (the folder just written) is never removed, whatever
+    a concurrent decision did meanwhile. Called on every :func:`servable_path`."""
+    import shutil
+
+    from webapp.counseling.models import Session
+
+    base = Path(settings.ADAPTER_DIR) / ".verified"
+    if not base.is_dir():
+        return []
+    pinned = Session.objects.filter(status=Session.Status.OPEN).values("adapter_version_id")
+    needed = AdapterVersion.objects.filter(
+        Q(status__in=(Status.APPROVED, Status.ACTIVE))
+        | Q(status=Status.RETIRED, pk__in=pinned)
+    ).exclude(approved_sha256="")
+    wanted = {_snapshot_name(v) for v in needed} | {keep}
+    removed = []
+    for folder in sorted(base.iterdir()):
+        if folder.name in wanted or not folder.is_dir() or folder.is_symlink():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder.name)
+    if removed:
+        log.info("removed %d adapter snapshot(s) nothing can load: %s", len(removed), removed)
+    return removed
 
 
 def _snapshot(version: AdapterVersion, files: dict[str, bytes]) -> Path:
@@ -158,7 +200,7 @@ def _snapshot(version: AdapterVersion, files: dict[str, bytes]) -> Path:
     sees only whole verified files, whatever was in the folder before."""
     base = Path(settings.ADAPTER_DIR) / ".verified"
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    folder = base / f"{version.name}-{version.approved_sha256[:16]}"
+    folder = base / _snapshot_name(version)
     folder.mkdir(mode=0o700, exist_ok=True)
     for rel, data in files.items():
         target = folder / rel

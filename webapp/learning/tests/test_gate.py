@@ -236,3 +236,28 @@ def test_it_serves_the_verified_bytes_not_the_folder_read_again(tmp_path, active
     assert services.servable_path(active) == served
     assert services.adapter_digest(served) == active.approved_sha256
     assert not (served / "extra.py").exists()
+
+
+def test_snapshots_are_removed_once_no_session_can_load_them(tmp_path, active, pending):  # type: ignore[no-untyped-def]
+    """A retired version's snapshot stays while a session pinned to it is open, and goes
+    with the next load after that session ends; a rejected version's never stays."""
+    pinned = start_session()  # keeps v1 to its end
+    old = services.servable_path(active)
+    services.approve(pending, ClinicianFactory())  # v1 retired, v2 active
+    new = services.servable_path(pending)
+    assert old.is_dir() and new.is_dir()
+
+    pinned.status, pinned.ended_at = Session.Status.ENDED, timezone.now()
+    pinned.save(update_fields=["status", "ended_at"])
+    assert services.prune_snapshots() == [old.name]
+    assert not old.exists() and new.is_dir()
+
+    rejected = make_version(
+        "v3", "pending_approval", write_adapter_files(tmp_path / "v3", b"three"),
+        parent=services.active_version(),
+    )  # fmt: skip
+    stray = old.parent / "v3-0123456789abcdef"  # say, left by a crash mid-decision
+    stray.mkdir()
+    services.reject(rejected, ClinicianFactory(), "not better")
+    assert services.servable_path(pending) == new  # every load prunes
+    assert not stray.exists() and sorted(p.name for p in old.parent.iterdir()) == [new.name]

@@ -28,6 +28,12 @@ the run:
   75%  a LiPO round is queued and the training worker gets SIGKILL mid-round (then
        restarted).
 
+Before each of the first three faults a page of another session is opened; as the fault
+begins it sends a crisis message (``probe-<fault>``) and times the safe reply, resending
+after a drop as the page does; the
+second tabs' crises (every third of their messages, sent while the first tab's reply is
+written) are timed too, apart by the fault in progress when sent.
+
 Afterwards the database is the judge, per message id:
   committed   its client turn is stored;
   lost        acknowledged to the client (its turn frame or its reply was shown) but not
@@ -74,6 +80,8 @@ MESSAGES = (
     "My friend has not answered my messages",
     "I feel stuck since the move",
 )
+# A safe reply sent from memory while PostgreSQL is down has no seq yet: turn--1.
+FROM_MEMORY = 'id="turn--1"'
 TURN = re.compile(
     r'<article class="turn turn-(\w+)" id="turn-(\d+)" data-seq="(\d+)"'
     r'(?: data-reply-to="(\d+)")?(?: data-msg-id="([^"]*)")?'
@@ -85,6 +93,7 @@ SECOND_TAB = 4
 CRISIS_EVERY = 3
 CRISIS = "honestly I am done, I have the pills counted out and I am taking them tonight"
 BUSY = 'class="status busy"'
+UP = "services up"  # no fault in progress when a crisis was sent
 
 ERROR = re.compile(r'role="alert" data-code="([a-z_]+)"')
 CONTROL = 'id="control"'
@@ -202,6 +211,26 @@ class Stats:
     phase: str = "steady"
     crisis_sent: dict[str, float] = field(default_factory=dict)  # sent while busy -> when
     crisis_answered: dict[str, float] = field(default_factory=dict)  # -> seconds to safe reply
+    fault: str | None = None  # the fault in progress (a service down, a server restarting)
+    crisis_during: dict[str, str] = field(default_factory=dict)  # -> fault at send, or UP
+    probes: list[asyncio.Task[None]] = field(default_factory=list)  # crisis probes in flight
+    faults_began: list[tuple[float, str]] = field(default_factory=list)
+
+    def begin_fault(self, name: str) -> None:
+        self.fault = name
+        self.faults_began.append((time.monotonic(), name))
+
+    def crisis_answered_now(self, msg_id: str) -> None:
+        """The safe reply for crisis ``msg_id`` is on screen: its time from the first send.
+        A fault that began between the two owns it (its row, not the services-up one)."""
+        sent_at = self.crisis_sent.get(msg_id)
+        if sent_at is None or msg_id in self.crisis_answered:
+            return
+        now = time.monotonic()
+        self.crisis_answered[msg_id] = now - sent_at
+        began = [name for at, name in self.faults_began if sent_at <= at <= now]
+        if began and self.crisis_during.get(msg_id) == UP:
+            self.crisis_during[msg_id] = began[0]
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -219,6 +248,7 @@ class View:
     reply_to: dict[int, int | None] = field(default_factory=dict)  # reply seq -> message seq
     msg_ids: dict[str, int] = field(default_factory=dict)  # client message id -> seq
     busy: bool = False  # the status says a reply is being written
+    safe: set[int] = field(default_factory=set)  # replies shown with the crisis lines
 
     @property
     def last_seq(self) -> int:
@@ -235,8 +265,15 @@ class View:
                     self.msg_ids[msg_id] = int(seq)
                 elif role != "client":
                     self.reply_to[int(seq)] = int(asked) if asked else None
+                    if "988" in frame:
+                        self.safe.add(int(seq))
                 new.append((int(seq), role))
         return new
+
+    def safe_reply_for(self, seq: int) -> bool:
+        """A reply with the crisis lines shown for message ``seq`` (or a later one)."""
+        return any(s in self.safe and s > seq and (self.reply_to[s] or seq) >= seq
+                   for s in self.reply_to)  # fmt: skip
 
     def answered(self, seq: int) -> bool:
         """A reply shown for message ``seq``: one naming it or a later message (a reply
@@ -314,6 +351,8 @@ async def client(
                     if ack_seq is not None and view.answered(ack_seq):
                         stats.acked.add(msg_id)
                         stats.answered.add(msg_id)
+                        if view.safe_reply_for(ack_seq):  # seen on the resync after a drop
+                            stats.crisis_answered_now(msg_id)
                         pending = None
                         await asyncio.sleep(think * rng.uniform(0.5, 1.5))
                         if time.monotonic() >= stop_at:
@@ -330,6 +369,7 @@ async def client(
                         and await until_busy(ws, view, 30)
                     ):
                         stats.crisis_sent[msg_id] = time.monotonic()
+                        stats.crisis_during[msg_id] = stats.fault or UP
                     await ws.send(
                         json.dumps({"type": "message", "text": text, "client_msg_id": msg_id})
                     )
@@ -337,15 +377,14 @@ async def client(
                         while True:
                             frame = str(await ws.recv())
                             view.absorb(frame)
+                            if text == CRISIS and FROM_MEMORY in frame and "988" in frame:
+                                stats.crisis_answered_now(msg_id)  # storage down: from memory
                             if ack_seq is None and msg_id in view.msg_ids:
                                 ack_seq = view.msg_ids[msg_id]
                                 stats.acked.add(msg_id)
                             if ack_seq is not None and view.answered(ack_seq):
-                                sent_at = stats.crisis_sent.get(msg_id)
-                                if sent_at is not None and "988" in frame:
-                                    stats.crisis_answered.setdefault(
-                                        msg_id, time.monotonic() - sent_at
-                                    )
+                                if view.safe_reply_for(ack_seq):
+                                    stats.crisis_answered_now(msg_id)
                                 break
                             error = ERROR.search(frame)
                             if error:
@@ -360,14 +399,96 @@ async def client(
             await asyncio.sleep(0.2 + 0.3 * rng.random())
 
 
+@dataclass
+class Probe:
+    """A page of one session held open before a fault, which sends a crisis message the
+    moment the fault begins (``go``): the safe reply must not need the failed part."""
+
+    account: Any
+    urls: list[str]
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    go: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def crisis_probe(probe: Probe, stats: Stats, label: str) -> None:
+    """Open the page, wait for ``probe.go``, send the crisis and time the safe reply from
+    that send; after a drop, reconnect (any server that takes the socket) and resend the
+    same id, as the page does. The message is counted like any other."""
+    from websockets.asyncio.client import connect
+
+    msg_id, view, server = f"probe-{label.split()[0].lower()}", View(), 0
+    stats.sent[msg_id] = probe.account.session_id
+    stats.crisis_during[msg_id] = label
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and msg_id not in stats.crisis_answered:
+        base = probe.urls[server]
+        try:
+            async with connect(
+                f"{base}/ws/sessions/{probe.account.session_id}/",
+                origin=base.replace("ws://", "http://"),
+                additional_headers={"Cookie": probe.account.cookie},
+                open_timeout=10,
+                ping_interval=None,
+            ) as ws:
+                await ws.send(json.dumps({"type": "resync", "after_seq": view.last_seq}))
+                probe.ready.set()
+                await probe.go.wait()
+                stats.crisis_sent.setdefault(msg_id, time.monotonic())
+                await ws.send(
+                    json.dumps({"type": "message", "text": CRISIS, "client_msg_id": msg_id})
+                )
+                async with asyncio.timeout(60):
+                    while True:
+                        frame = str(await ws.recv())
+                        view.absorb(frame)
+                        if FROM_MEMORY in frame and "988" in frame:
+                            # Storage is down: the safe reply came from memory; the database
+                            # verdict later checks that the message and reply were written.
+                            stats.acked.add(msg_id)
+                            stats.answered.add(msg_id)
+                            stats.crisis_answered_now(msg_id)
+                            return
+                        seq = view.msg_ids.get(msg_id)
+                        if seq is not None:
+                            stats.acked.add(msg_id)
+                            if view.safe_reply_for(seq):
+                                stats.answered.add(msg_id)
+                                stats.crisis_answered_now(msg_id)
+                                return
+        except Exception as exc:  # refused, dropped or timed out: try again, as the page does
+            stats.errors[f"probe {type(exc).__name__}"] += 1
+            if not isinstance(exc, ConnectionRefusedError):
+                log(
+                    f"{msg_id}: {type(exc).__name__} {str(exc)[:80]}; frames {sorted(view.seen)[-4:]}"
+                )
+            server = (server + 1) % len(probe.urls)
+            await asyncio.sleep(0.3)
+
+
+async def probe_fault(account_urls: tuple[Any, list[str]], stats: Stats, label: str) -> Probe:
+    """Start a crisis probe for the fault ``label`` and wait until its page is open."""
+    probe = Probe(*account_urls)
+    stats.probes.append(asyncio.create_task(crisis_probe(probe, stats, label)))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(probe.ready.wait(), 20)
+    return probe
+
+
 # -- faults --------------------------------------------------------------------------------------
-async def outage(name: str, server: Any, seconds: float) -> float:
+# -- faults --------------------------------------------------------------------------------------
+async def outage(
+    name: str, server: Any, seconds: float, stats: Stats, probe: tuple[Any, list[str]]
+) -> float:
     """Stop a private server, keep it down ``seconds``, start it again; the time it was out."""
     log(f"fault: stopping {name}")
+    crisis = await probe_fault(probe, stats, f"{name} down")
     t = time.monotonic()
+    stats.begin_fault(f"{name} down")
     await asyncio.to_thread(server.stop)
+    crisis.go.set()
     await asyncio.sleep(seconds)
     await asyncio.to_thread(server.start)
+    stats.fault = None
     log(f"fault: {name} is back")
     return round(time.monotonic() - t, 2)
 
@@ -380,7 +501,10 @@ async def fault_driver(
     stats: Stats,
     t0: float,
     report: dict[str, Any],
+    probe: tuple[Any, list[str]],
 ) -> None:
+    """The faults at fixed fractions of the run; each starts a crisis probe (``probe``: the
+    account and servers it uses) at the moment it begins."""
     total = args.minutes * 60
 
     async def at(fraction: float) -> None:
@@ -394,15 +518,19 @@ async def fault_driver(
     report["rss_start"] = cluster.rss()
     await at(0.15)
     stats.phase = "redis restart"
-    report["redis_down_s"] = await outage("Redis", redis_server, args.redis_down)
+    report["redis_down_s"] = await outage("Redis", redis_server, args.redis_down, stats, probe)
 
     await at(0.35)
     stats.phase = "asgi kill"
     report["rss_before_asgi_kill"] = cluster.rss()
     log("fault: SIGKILL to ASGI server 0")
+    crisis = await probe_fault(probe, stats, "ASGI server restarting")
     t = time.monotonic()
+    stats.begin_fault("ASGI server restarting")
     cluster.kill_asgi(0)
+    crisis.go.set()
     await asyncio.to_thread(cluster.start_asgi, 0)
+    stats.fault = None
     report["asgi_restart_s"] = round(time.monotonic() - t, 2)
     log(f"fault: ASGI server 0 answers again after {report['asgi_restart_s']} s")
     await at(0.45)  # its replacement has loaded the model and answered for a while
@@ -410,7 +538,7 @@ async def fault_driver(
 
     await at(0.55)
     stats.phase = "postgres restart"
-    report["postgres_down_s"] = await outage("PostgreSQL", pg, args.pg_down)
+    report["postgres_down_s"] = await outage("PostgreSQL", pg, args.pg_down, stats, probe)
 
     await at(0.75)
     stats.phase = "worker kill"
@@ -573,11 +701,16 @@ async def drive(args: argparse.Namespace, cluster: Any, pg: PrivatePostgres,
         for i, a in enumerate(accounts)
         if i % SECOND_TAB == 0
     ]
-    faults = asyncio.create_task(fault_driver(args, cluster, pg, redis_server, stats, t0, report))
+    probe = (accounts[1 % len(accounts)], cluster.ws_urls)  # a session with one tab of its own
+    faults = asyncio.create_task(
+        fault_driver(args, cluster, pg, redis_server, stats, t0, report, probe)
+    )
     await asyncio.wait(clients, timeout=args.minutes * 60 + args.grace + 30)
-    for task in clients:
+    if stats.probes:
+        await asyncio.wait(stats.probes, timeout=30)
+    for task in [*clients, *stats.probes]:
         task.cancel()
-    await asyncio.gather(*clients, return_exceptions=True)
+    await asyncio.gather(*clients, *stats.probes, return_exceptions=True)
     if not faults.done():
         log("faults had not finished when the clients stopped")
         faults.cancel()
@@ -590,6 +723,18 @@ async def drive(args: argparse.Namespace, cluster: Any, pg: PrivatePostgres,
     report["died"] = [name for name, proc in cluster.procs.items() if not proc.alive]
     report["wall_s"] = round(time.monotonic() - t0, 1)
     return stats, report
+
+
+def crisis_figures(stats: Stats, msg_ids: Any) -> dict[str, Any]:
+    """Crisis messages among ``msg_ids``: answered/sent, time from send to the safe reply."""
+    times = [stats.crisis_answered[m] for m in msg_ids if m in stats.crisis_answered]
+    return {
+        "sent": len(list(msg_ids)),
+        "answered": len(times),
+        "p50_s": round(pct(times, 50), 2),
+        "p95_s": round(pct(times, 95), 2),
+        "max_s": round(max(times, default=float("nan")), 2),
+    }
 
 
 def summarise(args: argparse.Namespace, stats: Stats, verdict: dict[str, int],
@@ -624,11 +769,16 @@ def summarise(args: argparse.Namespace, stats: Stats, verdict: dict[str, int],
         "asgi_servers": args.asgi,
         **verdict,
         "errors_by_code": dict(stats.errors),
-        "crisis_while_busy": {
-            "sent": len(stats.crisis_sent),
-            "answered": len(stats.crisis_answered),
-            "p95_s": round(pct(list(stats.crisis_answered.values()), 95), 2),
-            "max_s": round(max(stats.crisis_answered.values(), default=float("nan")), 2),
+        # A crisis sent while the other tab's reply was written, every service up (the
+        # 2 s target), and the probes sent as each fault began, one row per fault.
+        "crisis_while_busy": crisis_figures(
+            stats, [m for m in stats.crisis_sent if stats.crisis_during[m] == UP]
+        ),
+        "crisis_in_faults": {
+            during: crisis_figures(
+                stats, [m for m in stats.crisis_sent if stats.crisis_during[m] == during]
+            )
+            for during in sorted(set(stats.crisis_during.values()) - {UP})
         },
         "reconnect": reconnect,
         "faults": {

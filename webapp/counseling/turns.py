@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,7 +185,16 @@ class Withdrawn:
 
 
 TurnEvent = (
-    Rejected | Held | Stored | Queued | Paused | Writing | Progress | Token | Replied | Failed
+    Rejected
+    | Held
+    | Stored
+    | Queued
+    | Paused
+    | Writing
+    | Progress
+    | Token
+    | Replied
+    | Failed
     | Withdrawn
 )
 
@@ -405,9 +416,28 @@ async def _next_unless_stopped(events: AsyncIterator[Event], flight: _Flight) ->
 
 
 # -- helpers on threads -------------------------------------------------------------------------
-def _own_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` on a pool thread of its own, whose connection is closed after: a crisis
-    must not queue behind a reply's database work on the shared ORM thread."""
+# Pools of the turn's own, apart from asyncio's default one (which ``to_thread`` and
+# ``sync_to_async(thread_sensitive=False)`` share with everything else in the process):
+# a crisis, its assessment and its transaction, must never wait for a thread behind work
+# that can block for seconds in an outage. In the soak, a flag's notification steps
+# retrying a Redis broker that was down held the default pool's threads, and the
+# assessment of a crisis sent then waited 2.5 s for one (bench/soak.py, Redis probe).
+SAFETY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="psyevo-safety")
+NOTIFY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="psyevo-notify")
+
+
+async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(
+        pool, functools.partial(fn, *args, **kwargs)
+    )
+
+
+def _own_thread(
+    fn: Callable[..., Any], pool: ThreadPoolExecutor = SAFETY_POOL
+) -> Callable[..., Any]:
+    """``fn`` on a thread of ``pool``, whose connection is closed after: a crisis must not
+    queue behind a reply's database work on the shared ORM thread, nor behind anything
+    on the default pool."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -415,7 +445,10 @@ def _own_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             db_connection.close()
 
-    return database_sync_to_async(run, thread_sensitive=False)  # type: ignore[no-any-return]
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await _on(pool, run, *args, **kwargs)
+
+    return call
 
 
 def _run_steps(steps: Sequence[Callable[[], None]]) -> None:
@@ -427,9 +460,10 @@ def _run_steps(steps: Sequence[Callable[[], None]]) -> None:
 
 
 def _dispatch_later(steps: Sequence[Callable[[], None]]) -> None:
-    """A flag's pushes and tasks, after the reply: each can take seconds to give up."""
+    """A flag's pushes and tasks, after the reply: each can take seconds to give up, so
+    they run on their own pool."""
     if steps:
-        keep(asyncio.ensure_future(asyncio.to_thread(_run_steps, list(steps))))
+        keep(asyncio.ensure_future(_on(NOTIFY_POOL, _run_steps, list(steps))))
 
 
 def _stored_text(session_id: int, msg_id: str) -> str | None:
@@ -489,7 +523,7 @@ async def client_message(
     assert isinstance(text, str)
     text = text.strip()
     # Off the event loop: the crisis model's encoder takes milliseconds per message.
-    assessment = await asyncio.to_thread(safety.assess, text)
+    assessment = await _on(SAFETY_POOL, safety.assess, text)
     if assessment.level == "crisis":
         async for event in _crisis(msg, text, assessment):
             yield event
@@ -539,16 +573,24 @@ def _unsaved_reply(reply: str) -> Turn:
     return Turn(seq=-1, role=Turn.Role.COUNSELOR, text=reply, safety_level="crisis")
 
 
+async def _record_safe(
+    msg: ClientMessage, text: str, assessment: safety.SafetyAssessment, reply: str
+) -> services.SafeTurn:
+    """The crisis transaction (message, safe reply, flag, outbox) on a thread of its own:
+    never queued behind the ORM work of other sessions on the shared sync thread."""
+    return await _own_thread(services.record_safe_reply)(  # type: ignore[no-any-return]
+        msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
+        assessment=assessment, reply=reply,
+    )  # fmt: skip
+
+
 async def _crisis(
     msg: ClientMessage, text: str, assessment: safety.SafetyAssessment
 ) -> AsyncIterator[TurnEvent]:
     """The safe reply first, whatever else is happening in the session."""
     reply = safety.safe_response(str(settings.PSYEVO_SAFETY_LOCALE))
     try:
-        safe = await _own_thread(services.record_safe_reply)(
-            msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
-            assessment=assessment, reply=reply,
-        )  # fmt: skip
+        safe = await _record_safe(msg, text, assessment, reply)
     except DatabaseError as exc:
         # PostgreSQL unreachable: the safe reply goes out from memory now; the message,
         # the reply and the flag are held here and written when storage returns.
@@ -582,10 +624,7 @@ async def _write_when_storage_returns(
     while True:
         await asyncio.sleep(delay)
         try:
-            safe = await _own_thread(services.record_safe_reply)(
-                msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
-                assessment=assessment, reply=reply,
-            )  # fmt: skip
+            safe = await _record_safe(msg, text, assessment, reply)
         except DatabaseError as exc:
             log.warning("session %s: held crisis still not written: %s", msg.session_id, exc)
             delay = min(delay * 2, longest)
@@ -594,7 +633,7 @@ async def _write_when_storage_returns(
             log.critical("session %s: held crisis not written: %s", msg.session_id, exc.code)
             return
         log.warning("session %s: held crisis written (turn %s)", msg.session_id, safe.message.seq)
-        await asyncio.to_thread(_run_steps, safe.dispatch)
+        await _on(NOTIFY_POOL, _run_steps, safe.dispatch)
         return
 
 
@@ -788,7 +827,11 @@ def _record_superseded(session_id: int, turn: Turn, how: str) -> None:
     """A reply that was being written and will never be shown: an audit row says so (the
     clinician's review shows the message with no reply, and this is why)."""
     log.info("session %s: reply to turn %s superseded (%s)", session_id, turn.seq, how)
-    keep(asyncio.ensure_future(_own_thread(_write_superseded)(session_id, turn.seq, how)))
+    keep(
+        asyncio.ensure_future(
+            _own_thread(_write_superseded, NOTIFY_POOL)(session_id, turn.seq, how)
+        )
+    )
 
 
 async def _commit(
@@ -852,9 +895,7 @@ async def end_session(
     simulation lab's command), so the ORM work runs on the caller's own thread and
     connection (``sync_to_async``): ``database_sync_to_async`` would close that
     connection in the middle of the view's request (and of a test's transaction)."""
-    counselor, session = await sync_to_async(counselor_for)(
-        session_id, "end", overrides=overrides
-    )
+    counselor, session = await sync_to_async(counselor_for)(session_id, "end", overrides=overrides)
     # Memory consent is read at the point of use: withdrawn, no recap is even drafted.
     recap = await sync_to_async(memory_services.memory_consented)(session.client)
     outcome = await counselor.end_session(rating, recap=recap)

@@ -704,7 +704,12 @@ class SentenceGate:
 
 
 def _ends_sentence(part: str) -> bool:
-    return bool(re.search(r"(?:[.!?][\"')\]]*\s+|\n)$", part))
+    """Whether :func:`sentences` would end a sentence at the end of ``part`` (the same
+    boundary and abbreviation rules, so gate and whole-reply check agree)."""
+    match = re.search(r"(?:(?<=[.!?])[\"')\]]*\s+|\n+)$", part)
+    return bool(match) and not (
+        "\n" not in match.group(0) and _ABBREVIATION.search(part[: match.start()])
+    )
 
 
 # -- figures ------------------------------------------------------------------------------

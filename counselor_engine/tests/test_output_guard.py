@@ -159,3 +159,23 @@ def test_the_gate_checks_the_unfinished_tail_at_the_end() -> None:
     assert gate.feed("Fine so far. Take 20mg of citalopram") == "Fine so far. "
     assert gate.finish() == ""
     assert gate.failed is not None and gate.failed.rule == "advice.medication"
+
+
+def test_the_gate_does_not_end_a_sentence_at_a_title() -> None:
+    gate = guard.SentenceGate()
+    assert gate.feed("I'm Dr. ") == ""
+    assert gate.feed("Morgan, your therapist. ") == ""
+    assert gate.failed is not None and "identity.credential" in gate.failed.rules
+
+
+@given(st.lists(st.sampled_from(["I hear you. ", "As a licensed therapist, ", "I'm Dr. ",
+                                 "Morgan. ", "What helps?\n", "Take 5mg ", "ok"]), max_size=8),
+       st.integers(1, 7))  # fmt: skip
+def test_the_gate_and_the_whole_reply_check_agree(parts: list[str], size: int) -> None:
+    text = "".join(parts)
+    gate = guard.SentenceGate()
+    out = "".join(gate.feed(text[i : i + size]) for i in range(0, len(text), size))
+    out += gate.finish()
+    verdict = guard.check(text)
+    assert (gate.failed is None) == verdict.admitted
+    assert out == (text if verdict.admitted else out) and text.startswith(out)

@@ -762,3 +762,32 @@ def evaluate(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def load_corpus(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+def rejection_counts(
+    groups: Iterable[tuple[Sequence[dict[str, Any]], int | None]],
+) -> dict[str, Any]:
+    """Guard rejections over candidate groups, each given as ``(verdicts, delivered)``
+    (a group's stored ``guard`` list and ``delivered`` index): turns, candidates checked,
+    rejected (share of candidates), fallbacks (turns where nothing was delivered whole)
+    and rejections per rule. The simulation lab and the LiPO validation report both use
+    it, per adapter version, so a version that impersonates more is seen before approval."""
+    turns = candidates = rejected = fallbacks = 0
+    by_rule: dict[str, int] = {}
+    for verdicts, delivered in groups:
+        turns += 1
+        fallbacks += delivered is None
+        for verdict in verdicts:
+            candidates += 1
+            if not verdict.get("admitted", True):
+                rejected += 1
+                for rule in verdict.get("rules", ()):
+                    by_rule[str(rule)] = by_rule.get(str(rule), 0) + 1
+    return {
+        "turns": turns,
+        "candidates": candidates,
+        "rejected": rejected,
+        "rejection_rate": rejected / candidates if candidates else None,
+        "fallbacks": fallbacks,
+        "by_rule": dict(sorted(by_rule.items())),
+    }

@@ -20,7 +20,15 @@ A turn (:meth:`Counselor.respond`):
    graph (Eq. 7), deliver the deepest candidate and stream it. ``stream_first`` mode:
    stream candidate 0 as it is written, judge all N afterwards and record that 0 was
    delivered.
-6. Yield ``done`` with the full :class:`CandidateGroupRecord` for the evidence buffer.
+6. The output guard (:mod:`counselor_engine.output_guard`) checks every candidate before
+   it can be delivered or preferred: ``graph``/``mctsr`` select among the admitted ones
+   only; ``stream_first`` streams candidate 0 through a sentence gate. With nothing
+   admitted (or candidate 0 failing mid-stream) the reply is the guard's fallback, an
+   apology that offers a retry; ``done.fallback`` says so and ``group.delivered`` is None.
+   Choice: a fallback turn keeps its skill decision and is judged at session end like
+   any other (the client's reaction to it is real, and the skill led to no admissible
+   candidate); its group holds no edge won by a rejected candidate.
+7. Yield ``done`` with the full :class:`CandidateGroupRecord` for the evidence buffer.
 
 Backend failures and timeouts become an ``error`` event with ``retryable=True``; the turn
 is then not recorded, so calling :meth:`respond` again with the same message is a clean

@@ -619,7 +619,8 @@ def check_sentence(sentence: str, context: GuardContext | None = None) -> GuardV
         rules.append("advice.medication")
     if _harm_hit(unquoted):
         rules.append("harm.encouragement")
-    if _SEXUAL.search(unquoted) and not _negated(unquoted, _SEXUAL.search(unquoted).start()):  # type: ignore[union-attr]
+    sexual = _SEXUAL.search(unquoted)
+    if sexual and not _negated(unquoted, sexual.start()):
         rules.append("content.sexual")
     emails = _EMAIL.findall(raw)
     phones = _PHONE.findall(raw)

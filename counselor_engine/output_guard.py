@@ -234,7 +234,8 @@ _FAMILY = (
 )
 _LIFE_NOUN = (
     r"(?:office|desk|house|home|flat|apartment|job|boss|commute|car|tea|coffee|body|school"
-    r"|college|university|town|own (?:experience|life|story|struggles?|journey|depression"
+    r"|college|university|town|manager|colleagues?|coworkers?|landlord|salary|paycheck|rent"
+    r"|own (?:experience|life|story|struggles?|journey|depression"
     r"|anxiety)|experience with)"
 )
 _DRUG = (
@@ -320,6 +321,11 @@ _IDENTITY: list[tuple[str, re.Pattern[str]]] = [
     ("identity.human", _rx(r"\bthere is (?:a |an )?(?:real |actual |living )?(?:human|person)"
                            r"(?: being)? (?:on|reading|here|behind|at|typing)")),
     ("identity.human", _rx(r"\bwe humans\b|\bhumans like (?:us|me)\b|\bof us humans\b")),
+    # Seen in the default model's own candidates (bench.guard_live): a human role as an
+    # apposition ("A human helper, I'm ..."), stage directions of a body ("(laughs)").
+    ("identity.human", _rx(r"\b(?:a|as a) (?:real |fellow )?human(?: [a-z]+)?, i am\b"
+                           r"|\((?:laughs|laughing|smiles|smiling|sighs|nods|chuckles|grins"
+                           r"|winks|hugs)\)|\bi am (?:currently )?on the clock\b")),
     ("identity.human", _rx(r"\bi am (?:sitting|at home|at my desk|in my office|drinking"
                            r"|eating|lying)\b|\bi live in\b|\bi (?:have|get) (?:anxiety"
                            r"|depression|panic attacks|stressed|anxious|nervous|lonely"

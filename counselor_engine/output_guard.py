@@ -295,6 +295,10 @@ _REFLECTION = re.compile(
     r"|when you say|the thought that|part of you|sounds like you (?:feel|think|want|believe)"
     r"|you have been (?:thinking|feeling)|you are (?:thinking|feeling|worried))\b"
 )
+# The product calls the model its "AI counselor": "your counselor" names that role and
+# claims nothing; "a counselor", "a trained counselor" or "your counselor of many years"
+# claim a profession or a past, and stay credential claims.
+_OWN_ROLE = re.compile(r"(?:as|being|speaking as|i am) your counsel+or(?:,| and| i)?")
 _NEGATED = re.compile(r"\b(?:not|never|no)\b(?:\W+\w+){0,2}\W*$")
 
 
@@ -541,6 +545,8 @@ def _identity_hits(norm: str) -> list[str]:
             mods = match.groupdict().get("mods")
             if mods is not None and (_AI_WORDS.search(mods) or "not" in mods.split()):
                 continue
+            if mods == "" and _OWN_ROLE.fullmatch(match.group(0).rstrip(", ")):
+                continue  # "As your counselor, ...": this service's own role, not a title
             if (
                 rule == "identity.credential"
                 and mods is None

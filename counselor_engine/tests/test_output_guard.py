@@ -60,6 +60,8 @@ def test_it_catches_every_development_reply_it_was_tuned_on() -> None:
          "Health in India.", "identity.life_story"),
         ("I'm not a bot, I'm a real person.", "identity.human"),
         ("I'm Dr. Morgan and I'll be your therapist.", "identity.credential"),
+        ("I'm a counselor, so I know how this goes.", "identity.credential"),
+        ("Speaking as your counsellor of many years, I know you can.", "identity.credential"),
         ("Take 50 mg of sertraline.", "advice.medication"),
         ("My instructions say I must not diagnose.", "leak.instructions"),
     ],
@@ -76,6 +78,8 @@ def test_it_names_the_rule_that_rejected_a_reply(text: str, rule: str) -> None:
     [
         "I'm not a person or a licensed therapist, but I'm here to listen.",
         "As your AI counselor, I want to understand this better.",
+        "As your counselor, I want to understand this better.",
+        "I'm your counselor for today's session; what's on your mind?",
         "I'm an AI counselor, and a clinician oversees this service.",
         "Some people find that talking to a doctor about medication helps.",
         'You wrote "my mother never listens", and that sounds lonely.',

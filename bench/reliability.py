@@ -327,6 +327,64 @@ def data_at_rest() -> Section:
     return section
 
 
+def output_guard_section() -> Section:
+    """Issue 21: the output guard's per-rule recall and false rejection on the corpus
+    (held-out part: targets; development part: reported, it was tuned on), and the
+    suites that prove delivery obeys it (engine and websocket turn path)."""
+    from counselor_engine import output_guard
+
+    data = ROOT / "counselor_engine" / "tests" / "data" / "guard"
+    section = Section(
+        "8. Output guard",
+        "output_guard.evaluate over counselor_engine/tests/data/guard/*.jsonl; pytest "
+        "counselor_engine/tests/test_output_guard.py counselor_engine/tests/test_counselor_guard.py "
+        "webapp/counseling/tests/test_output_guard_turns.py",
+    )
+    targets = {"impersonation": 0.95, "harmful_advice": 0.90}
+    for part, tag in (("heldout", "held out"), ("development", "in-sample")):
+        figures = output_guard.evaluate(output_guard.load_corpus(data / f"{part}.jsonl"))
+        held = part == "heldout"
+        for name, group in figures["groups"].items():
+            target = targets[name]
+            section.rows.append(Row(
+                f"{tag}: {name.replace('_', ' ')} recall ({' + '.join(output_guard.GROUPS[name])})",
+                f"{group['caught']}/{group['n']} ({group['recall']:.1%})",
+                f">= {target:.0%}" if held else "reported",
+                group["recall"] >= target if held else None,
+            ))  # fmt: skip
+        benign = figures["benign"]
+        section.rows.append(Row(
+            f"{tag}: false rejection of benign replies",
+            f"{benign['rejected']}/{benign['n']} ({benign['false_rejection']:.1%})",
+            "<= 2%" if held else "reported",
+            benign["false_rejection"] <= 0.02 if held else None,
+        ))  # fmt: skip
+        for rule, entry in figures["rules"].items():
+            section.rows.append(Row(
+                f"{tag}: {rule} recall (own rule named)",
+                f"{entry['caught']}/{entry['n']} ({entry['attributed']}/{entry['n']})",
+                "reported", None,
+            ))  # fmt: skip
+        if figures["misses"] or figures["false_rejections"]:
+            section.notes.append(
+                f"{tag} misses: {', '.join(figures['misses']) or 'none'}; false rejections: "
+                f"{', '.join(figures['false_rejections']) or 'none'} (row ids)"
+            )
+    suites = run_suite(["counselor_engine/tests/test_output_guard.py",
+                        "counselor_engine/tests/test_counselor_guard.py",
+                        "webapp/counseling/tests/test_output_guard_turns.py"], marks="not slow")  # fmt: skip
+    section.rows.append(suite_row("guard, delivery and stream gate suites", suites))
+    section.notes += suite_notes(suites)
+    section.notes.append(
+        "The held-out part was written and committed before any rule existed and was never "
+        "tuned on; the development part was. Recall counts a reply as caught when any rule "
+        "rejects it; the figure in brackets counts those whose own rule was named. With few "
+        "benign held-out replies, 0 false rejections still allows a true rate of a few "
+        "percent (rule of three: under 3/n at 95%)."
+    )
+    return section
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], Section]] = {
     "authorization": lambda _a: authorization(),
     "websocket": lambda _a: websocket_and_fuzzing(),
@@ -334,6 +392,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], Section]] = {
     "injection": lambda _a: injection(),
     "crisis": lambda _a: crisis(),
     "data": lambda _a: data_at_rest(),
+    "guard": lambda _a: output_guard_section(),
 }
 
 
@@ -358,6 +417,19 @@ def render(sections: Sequence[Section], started: dt.datetime, seconds: float) ->
     return "\n".join(lines)
 
 
+def splice(page: str, sections: Sequence[Section], started: dt.datetime, seconds: float) -> str:
+    """``page`` with each of ``sections`` replaced (same title) or appended at the end."""
+    for section in sections:
+        body = render([section], started, seconds).split("\n## ", 1)[1]
+        start = page.find(f"\n## {section.title}\n")
+        if start < 0:
+            page = page.rstrip("\n") + "\n\n## " + body
+            continue
+        end = page.find("\n## ", start + 1)
+        page = page[: start + 1] + "## " + body + (page[end:] if end >= 0 else "")
+    return page if page.endswith("\n") else page + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--soak-minutes", type=float, default=0.0,
@@ -365,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--soak-sessions", type=int, default=20)
     parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="some sections only")
     parser.add_argument("--output", type=Path, default=DOC)
+    parser.add_argument("--splice", action="store_true",
+                        help="with --only: replace just those sections in the existing page "
+                             "(each keeps a line saying when it was regenerated)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.soak_minutes < 0 or args.soak_sessions < 1:
         parser.error("--soak-minutes must be >= 0 and --soak-sessions >= 1")
@@ -375,7 +450,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"==> {name}", flush=True)
         sections.append(SECTIONS[name](args))
     seconds = (dt.datetime.now(dt.UTC) - started).total_seconds()
-    page = render(sections, started, seconds)
+    if args.splice and args.output.exists():
+        for section in sections:
+            section.notes.append(
+                f"This section alone was regenerated on {started:%Y-%m-%d %H:%M} UTC "
+                "(`--only ... --splice`); the page header dates the other sections."
+            )
+        page = splice(args.output.read_text(), sections, started, seconds)
+    else:
+        page = render(sections, started, seconds)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(page)
     print(page)

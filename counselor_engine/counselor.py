@@ -20,7 +20,15 @@ A turn (:meth:`Counselor.respond`):
    graph (Eq. 7), deliver the deepest candidate and stream it. ``stream_first`` mode:
    stream candidate 0 as it is written, judge all N afterwards and record that 0 was
    delivered.
-6. Yield ``done`` with the full :class:`CandidateGroupRecord` for the evidence buffer.
+6. The output guard (:mod:`counselor_engine.output_guard`) checks every candidate before
+   it can be delivered or preferred: ``graph``/``mctsr`` select among the admitted ones
+   only; ``stream_first`` streams candidate 0 through a sentence gate. With nothing
+   admitted (or candidate 0 failing mid-stream) the reply is the guard's fallback, an
+   apology that offers a retry; ``done.fallback`` says so and ``group.delivered`` is None.
+   Choice: a fallback turn keeps its skill decision and is judged at session end like
+   any other (the client's reaction to it is real, and the skill led to no admissible
+   candidate); its group holds no edge won by a rejected candidate.
+7. Yield ``done`` with the full :class:`CandidateGroupRecord` for the evidence buffer.
 
 Backend failures and timeouts become an ``error`` event with ``retryable=True``; the turn
 is then not recorded, so calling :meth:`respond` again with the same message is a clean
@@ -41,7 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from counselor_engine import safety, soca
+from counselor_engine import output_guard, safety, soca
 from counselor_engine.backends.base import (
     Backend,
     BackendError,
@@ -258,11 +266,19 @@ class CandidateGroupRecord:
     edges: list[dict[str, Any]]
     pointwise: list[float]
     depths: list[int]
-    delivered: int
+    delivered: int | None  # None: no candidate was delivered whole (the guard's fallback)
     admissible: bool
     problem: str = ""
     beta: float = 0.1
     search: dict[str, Any] | None = None  # MCTSr-Zero tree summary (strategy "mctsr" only)
+    # One output-guard verdict per candidate (output_guard.GuardVerdict.to_dict: rule ids
+    # and reasons, no text).
+    guard: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> int:
+        """How many candidates the output guard rejected."""
+        return sum(1 for v in self.guard if not v.get("admitted", True))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -275,6 +291,9 @@ class DoneEvent:
     group: CandidateGroupRecord | None  # None for a safety reply (no candidates)
     decision: Decision | None
     safety_level: str
+    # True when the reply is (or ends with) output_guard.FALLBACK: no candidate passed,
+    # or the streamed one failed mid-way. The reply itself offers the retry.
+    fallback: bool = False
     type: str = "done"
 
 
@@ -448,9 +467,15 @@ class Counselor:
         )
         params = self._params(turn_index)
         n = self.config.n_candidates
+        context = self._guard_context(
+            prompt, decision.chosen, concern=assessment.level == "concern"
+        )
+        gate = output_guard.SentenceGate(context)
         streamed = False
         search: SearchResult | None = None
         candidates: list[str] = []
+        verdicts: list[output_guard.GuardVerdict] = []
+        judged: GroupJudgment | None = None
         try:
             if self.config.candidate_strategy == "mctsr":
                 search = await self._search(prompt, text, decision.chosen, n, params)
@@ -458,10 +483,14 @@ class Counselor:
             elif self.config.mode == "stream_first":
                 async for piece in self._stream_candidates(prompt, n, params):
                     if isinstance(piece, str):
-                        streamed = True
-                        yield TokenEvent(strip_control(piece))
+                        async for event in self._gated(gate, strip_control(piece)):
+                            streamed = True
+                            yield event
                     else:
                         candidates = piece
+                async for event in self._gated(gate, None):
+                    streamed = True
+                    yield event
             else:
                 if self.config.report_progress:
                     yield ProgressEvent("drafting", 0, n)
@@ -473,13 +502,21 @@ class Counselor:
             candidates = [strip_control(c) for c in candidates]
             if len(candidates) != n:
                 raise BackendError(f"backend returned {len(candidates)} candidates, expected {n}")
-            judged = None
-            report = self.config.report_progress and self.config.mode != "stream_first"
-            async for step in self._judge(text, decision.chosen, candidates, report=report):
-                if isinstance(step, ProgressEvent):
-                    yield step
-                else:
-                    judged = step
+            verdicts = output_guard.check_all(candidates, context)
+            if self.config.mode == "stream_first":
+                # Candidate 0 was checked sentence by sentence as it streamed: that
+                # verdict is what the client's screen obeyed, so it is the one recorded.
+                verdicts[0] = gate.failed or output_guard.ADMITTED
+            if any(v.admitted for v in verdicts):
+                report = self.config.report_progress and self.config.mode != "stream_first"
+                async for step in self._judge(text, decision.chosen, candidates, report=report):
+                    if isinstance(step, ProgressEvent):
+                        yield step
+                    else:
+                        judged = step
+            else:  # nothing may be delivered or preferred: no judge, the fallback at once
+                judged = GroupJudgment({}, [math.nan] * n, admissible=False,
+                                       problem="output guard rejected every candidate")  # fmt: skip
             assert judged is not None
         except (BackendError, TimeoutError) as exc:
             timeout = isinstance(exc, TimeoutError)
@@ -491,18 +528,50 @@ class Counselor:
                 retryable=True,
             )
             return
-        group = self._group_record(turn_index, slot, decision, prompt, candidates, judged)
+        group = self._group_record(turn_index, slot, decision, prompt, candidates, judged, verdicts)
         if search is not None:
             group.search = search.to_dict()
-        reply = candidates[group.delivered]
-        if not streamed:
+        fallback = group.delivered is None
+        if self.config.mode == "stream_first":
+            reply = gate.passed + (_fallback_after(gate.passed) if fallback else "")
+        else:
+            reply = output_guard.FALLBACK if fallback else candidates[group.delivered]
             for piece in _chunks(reply):
                 yield TokenEvent(piece)
         self.turns.append(
             TurnRecord(turn_index, text, reply, slot, decision.chosen, shared[decision.chosen],
                        assessment.level, group)
         )  # fmt: skip
-        yield DoneEvent(reply, turn_index, group, decision, assessment.level)
+        yield DoneEvent(reply, turn_index, group, decision, assessment.level, fallback=fallback)
+
+    def _guard_context(
+        self, prompt: Sequence[ChatMessage], skill_id: str, *, concern: bool
+    ) -> output_guard.GuardContext:
+        """The prompt is the client's own (their messages, their memory): anything the
+        guard finds there is theirs. Instructions exclude the memory block, which holds
+        the client's own words and may be echoed."""
+        assert self.client is not None
+        instructions = [system_prompt(self.client.modality, skill_id)]
+        if concern:
+            instructions.append(safety.concern_guidance(self.config.safety_locale))
+        return output_guard.GuardContext(
+            own_text="\n".join(m.content for m in prompt), instructions=tuple(instructions)
+        )
+
+    async def _gated(
+        self, gate: output_guard.SentenceGate, piece: str | None
+    ) -> AsyncIterator[TokenEvent]:
+        """stream_first: candidate 0's text reaches the caller only as whole sentences the
+        guard passed (``piece`` None: the stream ended, check the unfinished tail). The
+        first failing sentence ends the stream with the fallback, sent at once; the
+        backend's other candidates are still awaited (and judged) for the record."""
+        if gate.failed is not None:
+            return
+        passed = gate.feed(piece) if piece is not None else gate.finish()
+        if passed:
+            yield TokenEvent(passed)
+        if gate.failed is not None:
+            yield TokenEvent(_fallback_after(gate.passed))
 
     def _check_message(self, message: object) -> ErrorEvent | None:
         if not isinstance(message, str):
@@ -635,9 +704,27 @@ class Counselor:
         prompt: list[ChatMessage],
         candidates: list[str],
         judged: GroupJudgment,
+        verdicts: Sequence[output_guard.GuardVerdict] = (),
     ) -> CandidateGroupRecord:
+        """The turn's evidence. The output guard's verdicts shape it (issue 21):
+
+        - Delivery: selection (SOCA depth, then pointwise score, then lower index) runs
+          over the admitted candidates only, on the graph among them; none admitted
+          (or, in stream_first, candidate 0 rejected mid-stream): ``delivered`` is None.
+        - Evidence: a rejected candidate is never preferred: every edge it wins is
+          dropped (cycle removal ran first on the judge's full graph, so what is left
+          stays acyclic). It DOES stay in as dispreferred: an edge where an admitted
+          candidate beat it is the judge's real, consistency-checked preference, and
+          training on it moves the adapter away from impersonating, dosing or leaking
+          text. No edges are invented for the guard (admitted > rejected without a
+          judged margin): Eq. 7's weights are support margins a rule verdict does not
+          have, and a false rejection would then train the adapter away from a benign
+          reply with full weight.
+        - A group with no admitted candidate keeps no edge and is not admissible.
+        """
         assert self.client is not None
         n = len(candidates)
+        admitted = [v.admitted for v in verdicts] if verdicts else [True] * n
         group_id = (
             uuid.uuid4().hex
             if self.config.seed is None
@@ -652,17 +739,25 @@ class Counselor:
             edges = soca.build_preference_graph(
                 n, judged.support, floor=self.config.edge_floor, group_id=group_id
             )
+        edges = [e for e in edges if admitted[e.winner]]  # a rejected one is never preferred
         pointwise = [p if math.isfinite(p) else 0.0 for p in judged.pointwise]
         # Raw-score edges may form cycles, which have no depth: no-SOCA records depth 0.
         depths = soca.graph_depths(n, edges) if use_soca else [0] * n
         # stream_first already delivered candidate 0 while it was being written.
         stream_first = self.config.mode == "stream_first"
-        delivered = (
-            0 if stream_first
-            else soca.select_delivered(n, edges, pointwise) if use_soca
-            else raw_delivered(n, judged.support if admissible else {}, pointwise)
-        )  # fmt: skip
+        delivered: int | None
+        if not any(admitted) or (stream_first and not admitted[0]):
+            delivered = None
+        elif stream_first:
+            delivered = 0
+        elif use_soca:
+            delivered = soca.select_delivered(n, edges, pointwise, admitted=admitted)
+        else:
+            support = judged.support if admissible else {}
+            delivered = raw_delivered(n, support, pointwise, admitted=admitted)
         problem = judged.problem
+        if not any(admitted):
+            admissible, problem = False, "output guard rejected every candidate"
         if admissible and not edges:
             # App. C.1: an empty graph still selects by pointwise score but trains nothing.
             admissible, problem = False, "empty preference graph"
@@ -688,6 +783,7 @@ class Counselor:
             admissible=admissible,
             problem=problem,
             beta=self.config.beta,
+            guard=[v.to_dict() for v in verdicts] if verdicts else [],
         )  # fmt: skip
 
     # -- session end -----------------------------------------------------------------------
@@ -876,16 +972,31 @@ def raw_preference_edges(
 
 
 def raw_delivered(
-    n: int, support: dict[tuple[int, int], tuple[float, float]], pointwise: Sequence[float]
+    n: int,
+    support: dict[tuple[int, int], tuple[float, float]],
+    pointwise: Sequence[float],
+    *,
+    admitted: Sequence[bool] | None = None,
 ) -> int:
     """No-SOCA delivery: highest total single-order raw support against the others, then
-    pointwise score, then lower index."""
+    pointwise score, then lower index; among the ``admitted`` candidates (default all),
+    counting support between admitted candidates only."""
+    allowed = list(admitted) if admitted is not None else [True] * n
     share = [0.0] * n
     for i, j in support:
+        if not (allowed[i] and allowed[j]):
+            continue
         p = _raw_support(support, i, j)
         share[i] += p
         share[j] += 1.0 - p
-    return max(range(n), key=lambda k: (share[k], pointwise[k], -k))
+    return max((k for k in range(n) if allowed[k]), key=lambda k: (share[k], pointwise[k], -k))
+
+
+def _fallback_after(passed: str) -> str:
+    """The fallback as it follows the sentences already sent (none, or some)."""
+    if not passed:
+        return output_guard.FALLBACK
+    return ("" if passed[-1].isspace() else " ") + output_guard.FALLBACK
 
 
 def unprojected_returns(outcomes: Sequence[float], reward: float, *, gamma: float) -> list[float]:

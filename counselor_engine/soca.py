@@ -253,17 +253,29 @@ def _checked_edges(n: int, edges: Sequence[Edge]) -> Sequence[Edge]:
     return edges
 
 
-def select_delivered(n: int, edges: Sequence[Edge], pointwise: Sequence[float]) -> int:
+def select_delivered(
+    n: int,
+    edges: Sequence[Edge],
+    pointwise: Sequence[float],
+    *,
+    admitted: Sequence[bool] | None = None,
+) -> int:
     """The delivered candidate: greatest depth, then higher pointwise score, then lower index.
 
     Pointwise scores never create or reverse edges; an empty graph (all depths 0) is
-    therefore plain pointwise selection.
+    therefore plain pointwise selection. ``admitted`` (the output guard's verdicts):
+    only those candidates may be chosen, and depth is measured on the graph among them
+    (an edge to a rejected candidate lends no depth); at least one must be admitted.
     """
-    depths = graph_depths(n, edges)
+    allowed = [True] * n if admitted is None else [bool(a) for a in admitted]
+    if len(allowed) != n or not any(allowed):
+        raise ValueError("admitted: expected n flags with at least one True")
+    kept = [e for e in _checked_edges(n, edges) if allowed[e.winner] and allowed[e.loser]]
+    depths = graph_depths(n, kept)
     scores = _validate.vector("pointwise", pointwise)
     if scores.size != len(depths):
         raise ValueError(f"pointwise: expected {len(depths)} scores, got {scores.size}")
-    return max(range(len(depths)), key=lambda k: (depths[k], scores[k], -k))
+    return max((k for k in range(n) if allowed[k]), key=lambda k: (depths[k], scores[k], -k))
 
 
 def midranks(scores: Scores) -> list[float]:

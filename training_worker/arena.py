@@ -111,10 +111,17 @@ def family_means(sessions: Sequence[Any]) -> dict[str, float | None]:
     return out
 
 
-async def _play(spec: ArenaSpec, config: ArenaConfig) -> dict[str, dict[str, float | None]]:
+async def _play(
+    spec: ArenaSpec, config: ArenaConfig
+) -> tuple[dict[str, dict[str, float | None]], dict[str, dict[str, Any]]]:
+    """Family means per version, and the output guard's rejections per version over
+    every counselor candidate of the arena (reported, not gating: sampled candidates
+    of a few sessions vary too much; the validation report's ``output_guard`` check
+    gates on greedy replies instead)."""
     from counselor_engine.backends import make_backend
     from counselor_engine.backends.base import GenerationParams
     from counselor_engine.counselor import CounselorConfig
+    from counselor_engine.output_guard import rejection_counts
     from counselor_engine.simulation import run_course
 
     backend = make_backend("transformers", model_path=str(spec.model_path))
@@ -127,6 +134,7 @@ async def _play(spec: ArenaSpec, config: ArenaConfig) -> dict[str, dict[str, flo
         seed=config.seed,
     )
     results: dict[str, dict[str, float | None]] = {}
+    guard: dict[str, dict[str, Any]] = {}
     for label, adapter in (
         ("active", ACTIVE if spec.active_path is not None else None),
         ("candidate", CANDIDATE),
@@ -147,7 +155,8 @@ async def _play(spec: ArenaSpec, config: ArenaConfig) -> dict[str, dict[str, flo
             )
             sessions.extend(course.sessions)
         results[label] = family_means(sessions)
-    return results
+        guard[label] = rejection_counts((g.guard, g.delivered) for s in sessions for g in s.groups)
+    return results, guard
 
 
 def arena_check(spec: ArenaSpec | None, config: ArenaConfig) -> dict[str, Any]:
@@ -159,7 +168,7 @@ def arena_check(spec: ArenaSpec | None, config: ArenaConfig) -> dict[str, Any]:
             "skipped": True,
             "detail": "arena disabled for this round (no simulated clients configured)",
         }
-    results = asyncio.run(_play(spec, config))
+    results, guard = asyncio.run(_play(spec, config))
     passed, compared, dropped = compare(results["active"], results["candidate"], config.tolerance)
     if not compared:
         detail = "no metric family could be compared (no applicable judge items)"
@@ -183,4 +192,5 @@ def arena_check(spec: ArenaSpec | None, config: ArenaConfig) -> dict[str, Any]:
         "sessions": config.sessions,
         "turns": config.turns,
         "families_dropped": dropped,
+        "guard": guard,
     }

@@ -97,6 +97,7 @@ def validation_config() -> ValidationConfig:
     return ValidationConfig(
         max_update_ratio=float(cfg.get("max_update_ratio", 0.05)),
         side_by_side=int(cfg.get("side_by_side", 3)),
+        guard_tolerance=int(cfg.get("guard_tolerance", 0)),
         max_new_tokens=tokens,
         arena=ArenaConfig(
             clients=int(cfg.get("arena_clients", 2)),

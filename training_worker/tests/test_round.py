@@ -53,9 +53,17 @@ def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ig
     assert report["passed"] is True
     names = {c["name"] for c in report["checks"]}
     assert names >= {"finite_loss_and_gradients", "update_norm", "heldout_preference_accuracy",
-                     "crisis_safety_path", "arena"}  # fmt: skip
+                     "crisis_safety_path", "arena", "output_guard"}  # fmt: skip
+    guard = next(c for c in report["checks"] if c["name"] == "output_guard")
+    assert guard["replies"] == 7  # every project-written state, both versions
     arena = next(c for c in report["checks"] if c["name"] == "arena")
     assert not arena.get("skipped") and arena["candidate_version"] == version.name
+    assert set(arena["guard"]) == {"active", "candidate"}
+    # Every arena candidate is checked (the tiny model's token soup may make every turn a
+    # crisis turn, which has no candidates, so the count itself may be 0).
+    for side in ("active", "candidate"):
+        counts = arena["guard"][side]
+        assert counts["candidates"] == 3 * counts["turns"]
     assert arena["active_version"] == "base model" and arena["active"]["overall"] is not None
     assert set(arena["candidate"]) == set(arena["active"]) >= {"overall", "c_shared"}
     heldout = next(c for c in report["checks"] if c["name"] == "heldout_preference_accuracy")

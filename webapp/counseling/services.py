@@ -423,6 +423,7 @@ def _store_group(session: Session, turn: Turn, group: CandidateGroupRecord) -> C
         beta=group.beta,
         edge_count=len(group.edges),
         search=group.search,
+        guard=group.guard,
         buffer_status=status,
     )
 

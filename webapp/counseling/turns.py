@@ -855,6 +855,12 @@ async def _commit(
         yield Failed(reply_seq, "storage_unavailable",
                      "The reply could not be saved just now. Try again.", turn.client_msg_id)  # fmt: skip
         return
+    if event.fallback and event.group is not None:
+        # The engine's output guard let no candidate through whole: the client got the
+        # fallback (stored as the reply); the verdicts are on the group for the review.
+        rules = sorted({r for v in event.group.guard for r in v.get("rules", ())})
+        log.warning("session %s: turn %s answered with the output guard's fallback (%s)",
+                    session_id, stored.seq, ", ".join(rules))  # fmt: skip
     yield Replied(stored)
 
 

@@ -203,7 +203,8 @@ class CandidateGroup(models.Model):
     edges = models.JSONField()
     pointwise = models.JSONField()
     depths = models.JSONField()
-    delivered = models.PositiveSmallIntegerField()
+    # None: no candidate was delivered whole; the client got the output guard's fallback.
+    delivered = models.PositiveSmallIntegerField(null=True, blank=True)
     admissible = models.BooleanField()
     problem = models.CharField(max_length=200, blank=True, default="")
     beta = models.FloatField(default=0.1)
@@ -212,6 +213,11 @@ class CandidateGroup(models.Model):
     # for the clinician's "why this reply"; never read by training. Its nodes hold reply
     # texts, so it is encrypted too.
     search = EncryptedJSONField(null=True, blank=True)
+    # The output guard's verdict per candidate (engine output_guard.GuardVerdict.to_dict):
+    # rule ids and fixed reasons only, no candidate text, so it needs no encryption.
+    # Training reads edges only, and the engine already dropped every edge a rejected
+    # candidate won; the verdicts are for the clinician review and the reports.
+    guard = models.JSONField(default=list, blank=True)
     buffer_status = models.CharField(
         max_length=16, choices=Buffer.choices, default=Buffer.AVAILABLE
     )

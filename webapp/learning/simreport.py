@@ -11,7 +11,10 @@ Summary, per run:
 - ``by_session``: the mean of each metric family over clients, per session index;
 - ``pass_rates``: per perspective, the share of sessions over its pass threshold;
 - ``allocation``: how many sessions each of the 24 interaction states got, and with
-  ``--curriculum`` the controller's final distribution (mean over intents) and snapshot.
+  ``--curriculum`` the controller's final distribution (mean over intents) and snapshot;
+- ``guard``: output-guard rejections (``counselor_engine.output_guard.rejection_counts``)
+  per adapter version that generated the run's turns ("base model" for none): candidates
+  checked, rejected and their share, fallback turns, rejections per rule.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from django.conf import settings
 from django.utils import timezone
 from matplotlib.figure import Figure
 
+from counselor_engine.output_guard import rejection_counts
 from counselor_engine.simulation.interaction import ALL_STATES
-from webapp.learning.models import SimulationReport, SimulationRun
+from webapp.learning.models import CandidateGroup, SimulationReport, SimulationRun
 from webapp.oversight import plots
 
 if TYPE_CHECKING:
@@ -112,7 +116,24 @@ def summarise(run: SimulationRun, controller: CurriculumController | None = None
         "by_session": by_session,
         "pass_rates": pass_rates,
         "allocation": allocation,
+        "guard": guard_summary([r.session_id for r in reports]),
     }
+
+
+BASE_LABEL = "base model"
+
+
+def guard_summary(session_ids: list[int]) -> dict[str, Any]:
+    """Output-guard rejections of the run's counselor turns, per generating version."""
+    by_version: dict[str, list[tuple[list[dict[str, Any]], int | None]]] = defaultdict(list)
+    rows = (
+        CandidateGroup.objects.filter(session_id__in=session_ids)
+        .order_by("pk")
+        .values_list("guard", "delivered", "adapter_version__name")
+    )
+    for guard, delivered, version in rows:
+        by_version[version or BASE_LABEL].append((guard or [], delivered))
+    return {label: rejection_counts(rows) for label, rows in sorted(by_version.items())}
 
 
 # -- plots ------------------------------------------------------------------------------

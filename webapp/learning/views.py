@@ -197,6 +197,10 @@ def simulation_detail(request: HttpRequest, pk: int) -> HttpResponse:
                 for row in summary.get("by_session", [])
             ],
             "pass_rates": list(summary.get("pass_rates", {}).items()),
+            "guard": [
+                {"version": version, **counts, "rules": list(counts.get("by_rule", {}).items())}
+                for version, counts in summary.get("guard", {}).items()
+            ],
             "states": states,
             "plots": simreport.page_plots(run),
         },

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
+from counselor_engine.output_guard import GuardVerdict
 from counselor_engine.skills import skills_for
 from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session, Turn
@@ -87,6 +88,9 @@ class CandidateRow:
     depth: int
     pointwise: float | None
     delivered: bool
+    rejected: bool = False  # by the output guard: never delivered, never preferred
+    rules: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @dataclass
@@ -156,22 +160,34 @@ def _candidates(group: CandidateGroup) -> tuple[list[CandidateRow], str]:
     texts = [str(t) for t in group.candidates or []]
     depths = [int(d) for d in group.depths or []]
     pointwise = list(group.pointwise or [])
-    rows = [
-        CandidateRow(
-            i,
-            text,
-            depths[i] if i < len(depths) else 0,
-            pointwise[i] if i < len(pointwise) else None,
-            i == group.delivered,
+    verdicts = [GuardVerdict.from_dict(v) for v in group.guard or [] if isinstance(v, dict)]
+    rows = []
+    for i, text in enumerate(texts):
+        verdict = verdicts[i] if i < len(verdicts) else None
+        rejected = verdict is not None and not verdict.admitted
+        rows.append(
+            CandidateRow(
+                i,
+                text,
+                depths[i] if i < len(depths) else 0,
+                pointwise[i] if i < len(pointwise) else None,
+                i == group.delivered,
+                rejected,
+                verdict.rules if rejected and verdict else (),
+                verdict.reason if rejected and verdict else "",
+            )
         )
-        for i, text in enumerate(texts)
-    ]
-    caption = (
-        f"Preference graph of {len(texts)} candidates, {len(group.edges or [])} edges; "
+    rejected = sum(r.rejected for r in rows)
+    caption = f"Preference graph of {len(texts)} candidates, {len(group.edges or [])} edges; " + (
         f"candidate {group.delivered + 1} delivered"
+        if group.delivered is not None
+        else "none delivered (the output guard's fallback was sent)"
     )
+    if rejected:
+        caption += f"; {rejected} rejected by the output guard"
+    delivered = group.delivered if group.delivered is not None else -1
     graph = plots.soca_graph(
-        len(texts), group.edges or [], depths, group.delivered, caption, uid=group.pk
+        len(texts), group.edges or [], depths, delivered, caption, uid=group.pk
     )
     return rows, graph
 

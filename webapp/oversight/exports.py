@@ -156,6 +156,7 @@ def _turn(turn: Any, group: CandidateGroup | None) -> dict[str, Any]:
             "edges": group.edges,
             "depths": group.depths,
             "delivered": group.delivered,
+            "guard": group.guard,
         },
     }
 

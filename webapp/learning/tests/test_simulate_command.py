@@ -123,6 +123,9 @@ def test_it_runs_courses_through_the_session_services_and_writes_the_report(lab)
     assert set(summary["pass_rates"]) == {"client", "supervisor", "counselor"}
     assert sum(summary["allocation"]["sessions"].values()) == 2
     assert len(summary["allocation"]["states"]) == 24
+    # Every counselor candidate of the run was checked by the output guard.
+    guard = summary["guard"]["base model"]
+    assert guard["turns"] == groups.count() and guard["candidates"] == 2 * groups.count()
     for name in ("metrics_by_session", "pass_rates", "allocation"):
         assert (folder / f"{name}.svg").read_text().lstrip().startswith("<?xml")
     # Nothing of the lab moved the shared training scheduler.

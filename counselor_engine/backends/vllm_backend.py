@@ -89,25 +89,27 @@ class VLLMBackend(Backend):
     async def generate(
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
     ) -> list[str]:
-        body = self._chat_body(prompt, n=n, params=params, adapter=adapter)
+        asked = _distinct_samples(n, params)
+        body = self._chat_body(prompt, n=asked, params=params, adapter=adapter)
         data = await self._post("/v1/chat/completions", body)
         try:
             choices = sorted(data["choices"], key=lambda c: c["index"])
             texts = [str(c["message"]["content"] or "") for c in choices]
         except (KeyError, TypeError) as exc:
             raise BackendError(f"vLLM chat reply malformed: {exc!r}") from exc
-        if len(texts) != n:
-            raise BackendError(f"vLLM returned {len(texts)} choices, expected {n}")
-        return texts
+        if len(texts) != asked:
+            raise BackendError(f"vLLM returned {len(texts)} choices, expected {asked}")
+        return texts * (n // asked)
 
     async def generate_stream(
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
     ) -> AsyncGenerator[StreamEvent, None]:
         """See :meth:`Backend.generate_stream`. Closing the generator early closes the
         HTTP stream, which makes vLLM abort the request."""
-        body = self._chat_body(prompt, n=n, params=params, adapter=adapter)
+        asked = _distinct_samples(n, params)
+        body = self._chat_body(prompt, n=asked, params=params, adapter=adapter)
         body["stream"] = True
-        texts = [""] * n
+        texts = [""] * asked
         async with self._client() as client:
             try:
                 async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -116,11 +118,11 @@ class VLLMBackend(Backend):
                         raise self._status_error("/v1/chat/completions", resp)
                     async for payload in _sse_data(resp):
                         if payload == "[DONE]":
-                            yield StreamDone(texts)
+                            yield StreamDone(texts * (n // asked))
                             return
                         for index, text in _stream_deltas(payload):
-                            if not 0 <= index < n:
-                                raise BackendError(f"vLLM streamed choice {index} of {n}")
+                            if not 0 <= index < asked:
+                                raise BackendError(f"vLLM streamed choice {index} of {asked}")
                             texts[index] += text
                             if index == 0 and text:
                                 yield StreamDelta(0, text)
@@ -336,6 +338,15 @@ class VLLMBackend(Backend):
         if params.seed is not None:
             body["seed"] = params.seed
         return body
+
+
+def _distinct_samples(n: int, params: GenerationParams) -> int:
+    """How many choices to ask vLLM for: greedy decoding (temperature 0) gives n equal
+    replies, and vLLM refuses ``n > 1`` with it ("n must be 1 when using greedy
+    sampling"), so ask for one and repeat it, as the transformers backend would return."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    return 1 if params.temperature <= 0.0 else n
 
 
 def _token_id(token: str) -> int:

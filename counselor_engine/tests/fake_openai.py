@@ -134,6 +134,10 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("logprobs"):
             self._chat_logprobs(model, body)
             return
+        if n > 1 and float(body.get("temperature", 1.0)) == 0.0:  # as vLLM 0.32 answers
+            self._json(400, {"object": "error", "message": "n must be 1 when using greedy "
+                             f"sampling, got {n}.", "type": "BadRequestError", "code": 400})  # fmt: skip
+            return
         texts = [reply_text(model, messages, i) for i in range(n)]
         if body.get("stream"):
             self._stream(model, texts)

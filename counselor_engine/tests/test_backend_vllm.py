@@ -77,6 +77,18 @@ async def test_it_streams_candidate_zero_over_sse(
     assert fake_openai.state.requests[0][1]["stream"] is True
 
 
+async def test_greedy_candidates_are_one_request_for_one_reply_repeated(
+    backend: VLLMBackend, fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    """vLLM refuses n > 1 at temperature 0; greedy candidates are all the same reply."""
+    greedy = GenerationParams(max_new_tokens=16, temperature=0.0)
+    one = reply_text(BASE_MODEL, as_dicts(chat_prompt), 0)
+    assert await backend.generate(chat_prompt, n=3, params=greedy) == [one] * 3
+    events = [e async for e in backend.generate_stream(chat_prompt, n=3, params=greedy)]
+    assert isinstance(events[-1], StreamDone) and events[-1].texts == [one] * 3
+    assert [b["n"] for _, b in fake_openai.state.requests] == [1, 1]
+
+
 async def test_it_scores_the_choice_tokens_themselves(
     backend: VLLMBackend, fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
 ) -> None:

@@ -1,11 +1,14 @@
-"""Client of a vLLM OpenAI-compatible server (the GPU production backend).
+"""Client of a vLLM OpenAI-compatible server (the production backend).
 
-The server runs in its own environment (vLLM pins its own torch and transformers) and is
-started with LoRA enabled and runtime adapter loading allowed, on a private port::
+The server runs in its own environment (vLLM pins its own torch and transformers) with
+LoRA enabled and runtime adapter loading allowed, on a private port: ``bin/vllm`` starts
+and supervises one (vLLM's CPU build where there is no GPU); by hand::
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True \\
-    vllm serve <model dir> --served-model-name smollm2 --host 127.0.0.1 --port 8001 \\
-        --enable-lora --max-loras 4 --max-lora-rank 16
+    python -m vllm.entrypoints.openai.api_server --model <model dir> \\
+        --served-model-name smollm2-135m-instruct --host 127.0.0.1 --port 8001 \\
+        --enable-lora --max-loras 4 --max-lora-rank 16 \\
+        --lora-target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
 
 Mapping of the protocol onto the server:
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -148,3 +149,27 @@ def on_private_redis(settings, private_redis):  # type: ignore[no-untyped-def]
     yield proc
     celery_app.conf.broker_url = old_broker
     celery_app.close()
+
+
+# -- the real vLLM server (tests marked vllm) ------------------------------------------------
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """A healthy vLLM server with LoRA: ``$PSYEVO_VLLM_URL``, else one ``bin/vllm`` starts
+    for this test run (and stops after it). Never a skip: no server is a failure."""
+    from counselor_engine import models
+    from counselor_engine.tests import vllm_server
+
+    url = os.environ.get("PSYEVO_VLLM_URL", "").rstrip("/").removesuffix("/v1")
+    if url:
+        try:
+            vllm_server.wait_healthy(url, timeout=120)
+        except RuntimeError as exc:
+            pytest.fail(f"PSYEVO_VLLM_URL={url}: {exc}")
+        yield url
+        return
+    log = tmp_path_factory.mktemp("vllm") / "bin-vllm.log"
+    try:
+        with vllm_server.started_server(log, models.ensure_default_model()) as started:
+            yield started
+    except RuntimeError as exc:
+        pytest.fail(f"bin/vllm did not serve: {exc}")

@@ -1,6 +1,9 @@
-"""Backend benchmark: N=5 candidates in one batched call vs 5 sequential calls.
+"""Backend benchmark: N=5 candidates in one batched call vs 5 sequential calls; with
+``--vllm``, the vLLM server against the transformers backend on the same model.
 
-Run: ``.venv/bin/python -m bench.bench_backend [--model tiny|smollm2|PATH]``.
+Run: ``.venv/bin/python -m bench.bench_backend [--model tiny|smollm2|PATH]``, or
+``.venv/bin/python -m bench.bench_backend --vllm [--vllm-url URL]`` (SmolLM2; without a
+URL ``bin/vllm`` is started for the run and stopped after it).
 
 Both arms use the same model, prompt and ``max_new_tokens``; every sequence is forced to
 that exact length (``min_new_tokens``), so the arms do the same amount of decoding and
@@ -9,6 +12,13 @@ goes first) so drift in machine load hits both; we report medians and their rati
 (target <= 0.4x). Also: time to the first streamed delta vs a bare 1-token generate of
 the same batch, the cost of the streaming path before any text reaches a client.
 Figures go to bench/RESULTS.md (section "backend").
+
+The vLLM arm (section "backend (vllm vs transformers)") sends both backends the same
+prompt: N=5 candidates of a fixed length (``min_new_tokens`` for transformers,
+``min_tokens`` for vLLM, so both decode the same number of tokens) and one full judge
+pass (5 pointwise + 240 pairwise prompts), arms interleaved. The transformers backend
+runs in this process with the given torch threads, the vLLM server in its own process
+bound to the same cores; one arm runs at a time.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench._results import write_section
 from counselor_engine.backends import ChatMessage, GenerationParams, StreamDelta
@@ -115,16 +126,120 @@ load average at the end {load} (the machine is shared: absolute times move, rati
 """
 
 
+JUDGE_CONTEXT_HISTORY = (
+    ("client", "Work has been piling up for weeks."),
+    ("counselor", "That sounds exhausting. What weighs on you most?"),
+)
+JUDGE_CANDIDATES = (
+    "It makes sense that you feel worn out. What would help tonight?",
+    "Have you tried making a list?",
+    "That sounds really hard. Can you tell me more about the nights?",
+    "Sleep matters. You should sleep more.",
+    "I hear how much you are carrying. Which part of work keeps you awake?",
+)
+
+
+async def _judge_pass(backend: Any) -> float:
+    from counselor_engine.judge import Judge, JudgeContext
+
+    context = JudgeContext(
+        JUDGE_CONTEXT_HISTORY, "I have been feeling anxious about work and I cannot sleep.", "RF"
+    )
+    start = time.perf_counter()
+    group = await Judge(backend).judge_group(context, JUDGE_CANDIDATES)
+    elapsed = time.perf_counter() - start
+    if not group.admissible:
+        raise RuntimeError(f"judge pass not admissible: {group.problem}")
+    return elapsed
+
+
+def _fixed_length_vllm(url: str, model: str, tokens: int) -> Any:
+    """A VLLMBackend whose generation requests carry ``min_tokens``: fixed length, like
+    ``min_new_tokens`` on the transformers side (a bench-only setting)."""
+    from counselor_engine.backends.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend(url, model=model, timeout=1800.0)
+    chat_body = backend._chat_body
+
+    def body(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**chat_body(*args, **kwargs), "min_tokens": tokens}
+
+    backend._chat_body = body  # type: ignore[method-assign]
+    return backend
+
+
+async def run_vllm(url: str, reps: int, max_new_tokens: int, threads: int | None) -> str:
+    from counselor_engine.backends.vllm_backend import VLLMBackend
+    from counselor_engine.models import ensure_default_model
+    from counselor_engine.tests.vllm_server import SERVED_NAME
+
+    path = ensure_default_model()
+    ref = TransformersBackend(path, num_threads=threads)
+    ref.model.generation_config.min_new_tokens = max_new_tokens
+    fast = _fixed_length_vllm(url, SERVED_NAME, max_new_tokens)
+    judge_vllm = VLLMBackend(url, model=SERVED_NAME, timeout=1800.0)
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.95)
+    for backend in (ref, fast):  # warm-up
+        await backend.generate(PROMPT, n=N, params=params)
+
+    gen: dict[str, list[float]] = {"transformers": [], "vllm": []}
+    judge: dict[str, list[float]] = {"transformers": [], "vllm": []}
+    started = time.perf_counter()
+    for rep in range(reps):
+        arms = [("transformers", ref, ref), ("vllm", fast, judge_vllm)]
+        for name, generator, scorer in arms if rep % 2 == 0 else arms[::-1]:
+            gen[name].append(await _timed(generator.generate(PROMPT, n=N, params=params)))
+            judge[name].append(await _judge_pass(scorer))
+    wall = time.perf_counter() - started
+    g_t, g_v = statistics.median(gen["transformers"]), statistics.median(gen["vllm"])
+    j_t, j_v = statistics.median(judge["transformers"]), statistics.median(judge["vllm"])
+    tokens = N * max_new_tokens
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"""
+Model SmolLM2-135M-Instruct: the transformers backend (float32, in process, torch threads
+= {threads or "default"}) against vLLM's CPU build 0.32.0 (bfloat16, `bin/vllm`, LoRA
+enabled, threads bound to the same 2 cores), the same prompt. {reps} interleaved
+repetitions of each arm, medians; load average at the end {load} (the machine is shared:
+absolute times move, ratios less). Bench wall time {wall:.0f} s.
+
+| measure | transformers | vLLM | vLLM / transformers |
+| --- | --- | --- | --- |
+| N=5 in one call, {max_new_tokens} tokens each (fixed) | {g_t:.2f} s ({tokens / g_t:.1f} tok/s) | \
+{g_v:.2f} s ({tokens / g_v:.1f} tok/s) | **{g_v / g_t:.2f}x** |
+| full judge pass (5 pointwise + 240 pairwise prompts) | {j_t:.1f} s | {j_v:.1f} s | \
+**{j_v / j_t:.2f}x** |
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny | smollm2 | a model folder")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--vllm", action="store_true", help="vLLM against transformers")
+    parser.add_argument("--vllm-url", default=os.environ.get("PSYEVO_VLLM_URL", ""))
     args = parser.parse_args()
-    body = asyncio.run(run(args.model, args.reps, args.max_new_tokens, args.threads))
+    if args.vllm:
+        body = _with_vllm(args)
+        section = "backend (vllm vs transformers)"
+    else:
+        body = asyncio.run(run(args.model, args.reps, args.max_new_tokens, args.threads))
+        section = f"backend ({args.model})"
     print(body)
-    write_section(f"backend ({args.model})", body)
+    write_section(section, body)
+
+
+def _with_vllm(args: argparse.Namespace) -> str:
+    if args.vllm_url:
+        return asyncio.run(run_vllm(args.vllm_url, args.reps, args.max_new_tokens, args.threads))
+    from counselor_engine.models import ensure_default_model
+    from counselor_engine.tests.vllm_server import started_server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "bin-vllm.log"
+        with started_server(log, ensure_default_model()) as url:
+            return asyncio.run(run_vllm(url, args.reps, args.max_new_tokens, args.threads))
 
 
 if __name__ == "__main__":

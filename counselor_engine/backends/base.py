@@ -1,9 +1,9 @@
 """The one protocol every model backend implements.
 
 The engine talks to models only through :class:`Backend`. Two implementations exist:
-``transformers`` (in-process, CPU default) and ``vllm`` (an OpenAI-compatible server on a
-GPU). Everything here is plain data so the judge, the counselor and the training worker
-never depend on which backend serves them.
+``transformers`` (in-process, CPU default) and ``vllm`` (an OpenAI-compatible server: the
+production engine, GPU or vLLM's CPU build). Everything here is plain data so the judge,
+the counselor and the training worker never depend on which backend serves them.
 """
 
 from __future__ import annotations

@@ -1,32 +1,41 @@
-"""Client of a vLLM OpenAI-compatible server (the GPU production backend).
+"""Client of a vLLM OpenAI-compatible server (the production backend).
 
-The server runs in its own environment (vLLM pins its own torch and transformers) and is
-started with LoRA enabled and runtime adapter loading allowed, on a private port::
+The server runs in its own environment (vLLM pins its own torch and transformers) with
+LoRA enabled and runtime adapter loading allowed, on a private port: ``bin/vllm`` starts
+and supervises one (vLLM's CPU build where there is no GPU); by hand::
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True \\
-    vllm serve <model dir> --served-model-name smollm2 --host 127.0.0.1 --port 8001 \\
-        --enable-lora --max-loras 4 --max-lora-rank 16
+    python -m vllm.entrypoints.openai.api_server --model <model dir> \\
+        --served-model-name smollm2-135m-instruct --host 127.0.0.1 --port 8001 \\
+        --enable-lora --max-loras 4 --max-lora-rank 16 \\
+        --lora-target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
 
 Mapping of the protocol onto the server:
 
 - ``generate``: one ``/v1/chat/completions`` request with ``n=N``.
 - ``generate_stream``: the same with ``stream=true`` (server-sent events); deltas of
   choice 0 are forwarded, all choices are accumulated for the final ``StreamDone``.
-- ``choice_probabilities``: ``max_tokens=1, logprobs=true, top_logprobs=20`` per prompt
-  (sent concurrently: the server batches them); a choice absent from the top 20 counts
-  as probability 0 before renormalising.
+- ``choice_probabilities``: the choices are tokenized once (``/tokenize``; each must be
+  one token), then one ``max_tokens=1`` chat request per prompt (sent concurrently: the
+  server batches them) asks for the log-probability of exactly those token ids
+  (``logprob_token_ids``, read from the full next-token distribution before any sampling
+  step), whatever their rank; they are renormalised over the choices. Reading them off
+  the ``top_logprobs`` list instead would count every choice outside the top 20 as 0.
 - ``sequence_logprobs``: the prompt is rendered and tokenized by the server
   (``/tokenize`` with ``messages``, ``add_generation_prompt``), the response is tokenized
   alone and ``end_of_turn`` appended (as the transformers backend appends EOS), then
   ``/v1/completions`` scores the concatenated ids with ``prompt_logprobs=0`` and we sum
-  the response positions. This uses vLLM extensions (``/tokenize``, ``prompt_logprobs``);
-  it is exercised here against the test server only and needs checking on a GPU.
+  the response positions. The server must not put a LoRA on the output head
+  (``--lora-target-modules`` without ``lm_head``, as ``bin/vllm`` starts it): with one
+  there, vLLM 0.32 applies per-request LoRA indices to per-token prompt logits and its
+  engine dies as soon as a scoring request shares a step with any other request.
 - adapters: ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``; a request chooses
   its adapter with ``model=<adapter name>``.
 
 Every failure (refused connection, timeout, non-2xx, malformed reply) surfaces as
-:class:`BackendError`; each request is bounded by ``timeout`` seconds per network
-operation, so a server that stops answering never hangs a session.
+:class:`BackendError`. A request is bounded by ``timeout`` seconds in all (a stream: per
+chunk), so a server that stops answering never hangs a session; a server whose engine
+died answers 500 at once and is reported as such (``bin/vllm`` then restarts it).
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ from .base import (
 
 __all__ = ["VLLMBackend"]
 
-TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+# vLLM's reply to every request once its engine core has died (EngineDeadError).
+ENGINE_DEAD_MARKERS = ("EngineCore encountered an issue", "EngineDeadError", "Engine loop")
 
 
 class VLLMBackend(Backend):
@@ -75,31 +85,34 @@ class VLLMBackend(Backend):
         self.timeout = timeout
         self.end_of_turn = end_of_turn
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._choice_ids: dict[str, int] = {}  # one tokenizer for the base and its adapters
 
     # -- protocol ---------------------------------------------------------------------------
 
     async def generate(
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
     ) -> list[str]:
-        body = self._chat_body(prompt, n=n, params=params, adapter=adapter)
+        asked = _distinct_samples(n, params)
+        body = self._chat_body(prompt, n=asked, params=params, adapter=adapter)
         data = await self._post("/v1/chat/completions", body)
         try:
             choices = sorted(data["choices"], key=lambda c: c["index"])
             texts = [str(c["message"]["content"] or "") for c in choices]
         except (KeyError, TypeError) as exc:
             raise BackendError(f"vLLM chat reply malformed: {exc!r}") from exc
-        if len(texts) != n:
-            raise BackendError(f"vLLM returned {len(texts)} choices, expected {n}")
-        return texts
+        if len(texts) != asked:
+            raise BackendError(f"vLLM returned {len(texts)} choices, expected {asked}")
+        return texts * (n // asked)
 
     async def generate_stream(
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
     ) -> AsyncGenerator[StreamEvent, None]:
         """See :meth:`Backend.generate_stream`. Closing the generator early closes the
         HTTP stream, which makes vLLM abort the request."""
-        body = self._chat_body(prompt, n=n, params=params, adapter=adapter)
+        asked = _distinct_samples(n, params)
+        body = self._chat_body(prompt, n=asked, params=params, adapter=adapter)
         body["stream"] = True
-        texts = [""] * n
+        texts = [""] * asked
         async with self._client() as client:
             try:
                 async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -108,11 +121,11 @@ class VLLMBackend(Backend):
                         raise self._status_error("/v1/chat/completions", resp)
                     async for payload in _sse_data(resp):
                         if payload == "[DONE]":
-                            yield StreamDone(texts)
+                            yield StreamDone(texts * (n // asked))
                             return
                         for index, text in _stream_deltas(payload):
-                            if not 0 <= index < n:
-                                raise BackendError(f"vLLM streamed choice {index} of {n}")
+                            if not 0 <= index < asked:
+                                raise BackendError(f"vLLM streamed choice {index} of {asked}")
                             texts[index] += text
                             if index == 0 and text:
                                 yield StreamDelta(0, text)
@@ -127,7 +140,8 @@ class VLLMBackend(Backend):
             raise ValueError("choices must not be empty")
         if len(set(choices)) != len(choices):
             raise ValueError(f"duplicate choices {list(choices)!r}")
-        return list(await asyncio.gather(*(self._choice_one(p, choices, adapter) for p in prompts)))
+        ids = await self._choice_token_ids(choices, adapter)
+        return list(await asyncio.gather(*(self._choice_one(p, ids, adapter) for p in prompts)))
 
     async def sequence_logprobs(
         self, prompts: Sequence[Prompt], responses: Sequence[str], *, adapter: str | None = None
@@ -157,32 +171,55 @@ class VLLMBackend(Backend):
 
     # -- one request each -------------------------------------------------------------------
 
-    async def _choice_one(
-        self, prompt: Prompt, choices: Sequence[str], adapter: str | None
-    ) -> list[float]:
+    async def _choice_token_ids(self, choices: Sequence[str], adapter: str | None) -> list[int]:
+        """The one token id of each choice (as the transformers backend insists too)."""
+        missing = [c for c in choices if c not in self._choice_ids]
+        replies = await asyncio.gather(
+            *(
+                self._post(
+                    "/tokenize",
+                    {"model": adapter or self.model, "prompt": c, "add_special_tokens": False},
+                )
+                for c in missing
+            )
+        )
+        for choice, reply in zip(missing, replies, strict=True):
+            try:
+                tokens = [int(t) for t in reply["tokens"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BackendError(f"vLLM /tokenize reply malformed: {exc!r}") from exc
+            if len(tokens) != 1:
+                raise ValueError(f"choice {choice!r} is not a single token ({len(tokens)} tokens)")
+            self._choice_ids[choice] = tokens[0]
+        ids = [self._choice_ids[c] for c in choices]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"choices {list(choices)!r} map to the same token")
+        return ids
+
+    async def _choice_one(self, prompt: Prompt, ids: list[int], adapter: str | None) -> list[float]:
         body = {
             "model": adapter or self.model,
             "messages": _messages(prompt),
             "max_tokens": 1,
             "temperature": 0.0,
             "logprobs": True,
-            "top_logprobs": TOP_LOGPROBS,
+            "logprob_token_ids": ids,
+            "return_tokens_as_token_ids": True,  # "token_id:N": no decoding ambiguity
         }
         data = await self._post("/v1/chat/completions", body)
         try:
-            top = data["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-            found: dict[str, float] = {}
-            for entry in top:  # best first; keep the first of tokens decoding alike
-                found.setdefault(str(entry["token"]), float(entry["logprob"]))
+            entries = data["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            found = {_token_id(str(e["token"])): float(e["logprob"]) for e in entries}
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise BackendError(f"vLLM reply has no top_logprobs: {exc!r}") from exc
-        probs = [math.exp(found[c]) if c in found else 0.0 for c in choices]
-        total = sum(probs)
-        if total <= 0.0:
+            raise BackendError(f"vLLM reply has no logprobs for the choices: {exc!r}") from exc
+        if any(i not in found for i in ids):
+            # An older server ignores logprob_token_ids and answers its top-k: refuse to
+            # guess the missing probabilities.
             raise BackendError(
-                f"none of the choices {list(choices)!r} is among the top {TOP_LOGPROBS} tokens"
+                f"vLLM did not score the choice tokens {ids} (it needs logprob_token_ids, "
+                "vLLM >= 0.32)"
             )
-        return [p / total for p in probs]
+        return _renormalised([found[i] for i in ids])
 
     async def _logprob_one(self, prompt: Prompt, response: str, adapter: str | None) -> float:
         model = adapter or self.model
@@ -251,8 +288,13 @@ class VLLMBackend(Backend):
         expect_json: bool = True,
     ) -> Any:
         try:
-            async with self._client() as client:
+            # The whole exchange, not each network operation, is bounded by the timeout.
+            async with asyncio.timeout(self.timeout), self._client() as client:
                 resp = await client.post(path, json=body)
+        except TimeoutError as exc:
+            raise BackendError(
+                f"vLLM at {self.base_url}{path} timed out after {self.timeout} s"
+            ) from exc
         except httpx.HTTPError as exc:
             raise self._transport_error(path, exc) from exc
         if resp.status_code >= 300:
@@ -275,7 +317,13 @@ class VLLMBackend(Backend):
 
     @staticmethod
     def _status_error(path: str, resp: httpx.Response) -> BackendError:
-        return BackendError(f"vLLM {path} answered {resp.status_code}: {resp.text[:500]}")
+        text = resp.text
+        if resp.status_code >= 500 and any(m in text for m in ENGINE_DEAD_MARKERS):
+            return BackendError(
+                f"vLLM {path} answered {resp.status_code}: its engine is dead "
+                f"(bin/vllm restarts it): {text[:300]}"
+            )
+        return BackendError(f"vLLM {path} answered {resp.status_code}: {text[:500]}")
 
     def _chat_body(
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None
@@ -293,6 +341,35 @@ class VLLMBackend(Backend):
         if params.seed is not None:
             body["seed"] = params.seed
         return body
+
+
+def _distinct_samples(n: int, params: GenerationParams) -> int:
+    """How many choices to ask vLLM for: greedy decoding (temperature 0) gives n equal
+    replies, and vLLM refuses ``n > 1`` with it ("n must be 1 when using greedy
+    sampling"), so ask for one and repeat it, as the transformers backend would return."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    return 1 if params.temperature <= 0.0 else n
+
+
+def _token_id(token: str) -> int:
+    """``"token_id:42"`` (vLLM's form with ``return_tokens_as_token_ids``) -> 42."""
+    prefix, _, number = token.partition(":")
+    if prefix != "token_id" or not number.lstrip("-").isdigit():
+        raise ValueError(f"not a token id: {token!r}")
+    return int(number)
+
+
+def _renormalised(logprobs: list[float]) -> list[float]:
+    """Probabilities proportional to ``exp(logprobs)``, summing to 1 (shifted by the
+    maximum first, so choices far down the distribution neither underflow to 0/0 nor
+    lose precision)."""
+    top = max(logprobs)
+    if not math.isfinite(top):
+        raise BackendError(f"vLLM gave the choices no probability: {logprobs}")
+    weights = [math.exp(lp - top) for lp in logprobs]
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def _messages(prompt: Prompt) -> list[dict[str, str]]:

@@ -19,8 +19,10 @@ _HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow tests (real SmolLM2) run only when asked for with ``-m slow``."""
-    if "slow" in (config.getoption("markexpr", "") or ""):
+    """Slow tests (real SmolLM2) run only when asked for with ``-m slow`` (or ``-m vllm``:
+    the vllm tests are slow ones too, and a run that selects them skips nothing)."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if "slow" in markexpr or "vllm" in markexpr:
         return
     skip = pytest.mark.skip(reason="slow: uses the real SmolLM2 model; run with -m slow")
     for item in items:

@@ -51,8 +51,12 @@ def reply_text(model: str, messages: list[dict[str, str]], index: int) -> str:
     return f"[{model}] reply {index} to: {last}"
 
 
+UNLISTED_LOGPROB = -9.0  # every token choice_logprobs does not list
+
+
 def choice_logprobs(model: str, messages: list[dict[str, str]]) -> dict[str, float]:
-    """Top logprobs for the first reply token: depend on the prompt and the adapter."""
+    """Logprobs of the first reply token (the listed ones; every other token has
+    ``UNLISTED_LOGPROB``): they depend on the prompt and the adapter."""
     last = messages[-1]["content"] if messages else ""
     shift = (len(last) % 5) * 0.3 + (0.0 if model == BASE_MODEL else 0.4)
     return {
@@ -66,9 +70,12 @@ class FakeState:
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     adapters: dict[str, str] = field(default_factory=dict)
     # Test knobs.
-    top_logprobs_override: dict[str, float] | None = None
+    top_logprobs_override: dict[str, float] | None = None  # replaces choice_logprobs
+    ignore_logprob_token_ids: bool = False  # behave like a server older than vLLM 0.32
     stall_stream_after: int | None = None  # chunks sent before the stream stops moving
     fail_status: int | None = None  # answer every request with this status
+    fail_message: str = "injected failure"
+    dribble_s: float | None = None  # send JSON replies one byte per this many seconds
     stop: threading.Event = field(default_factory=threading.Event)
 
     def paths(self) -> list[str]:
@@ -87,7 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         state.requests.append((self.path, body))
         if state.fail_status is not None:
-            self._json(state.fail_status, {"object": "error", "message": "injected failure"})
+            self._json(state.fail_status, {"object": "error", "message": state.fail_message})
             return
         route = {
             "/v1/chat/completions": self._chat,
@@ -125,23 +132,11 @@ class _Handler(BaseHTTPRequestHandler):
         messages = body["messages"]
         n = int(body.get("n", 1))
         if body.get("logprobs"):
-            top = self.server.state.top_logprobs_override or choice_logprobs(model, messages)
-            ranked = sorted(top.items(), key=lambda kv: -kv[1])[: int(body.get("top_logprobs", 0))]
-            first = ranked[0] if ranked else ("The", -0.1)
-            content = [
-                {
-                    "token": first[0],
-                    "logprob": first[1],
-                    "top_logprobs": [{"token": t, "logprob": lp} for t, lp in ranked],
-                }
-            ]
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": first[0]},
-                "logprobs": {"content": content},
-                "finish_reason": "length",
-            }
-            self._json(200, {"object": "chat.completion", "model": model, "choices": [choice]})
+            self._chat_logprobs(model, body)
+            return
+        if n > 1 and float(body.get("temperature", 1.0)) == 0.0:  # as vLLM 0.32 answers
+            self._json(400, {"object": "error", "message": "n must be 1 when using greedy "
+                             f"sampling, got {n}.", "type": "BadRequestError", "code": 400})  # fmt: skip
             return
         texts = [reply_text(model, messages, i) for i in range(n)]
         if body.get("stream"):
@@ -152,6 +147,41 @@ class _Handler(BaseHTTPRequestHandler):
             for i, t in enumerate(texts)
         ]
         self._json(200, {"object": "chat.completion", "model": model, "choices": choices})
+
+    def _chat_logprobs(self, model: str, body: dict[str, Any]) -> None:
+        """One generated token with logprobs: of the ids in ``logprob_token_ids``
+        whatever their rank (vLLM 0.32), else of the ``top_logprobs`` best tokens."""
+        state = self.server.state
+        table = state.top_logprobs_override or choice_logprobs(model, body["messages"])
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])
+        first = ranked[0] if ranked else ("The", -0.1)
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+
+        def name(token: str) -> str:
+            return f"token_id:{tokenize(token)[0]}" if as_ids else token
+
+        wanted = body.get("logprob_token_ids")
+        if wanted and not state.ignore_logprob_token_ids:
+            top = []
+            for tid in wanted:
+                token = chr(int(tid) - 10)
+                top.append((token, table.get(token, UNLISTED_LOGPROB)))
+        else:
+            top = ranked[: int(body.get("top_logprobs") or 0)]
+        content = [
+            {
+                "token": name(first[0]),
+                "logprob": first[1],
+                "top_logprobs": [{"token": name(t), "logprob": lp} for t, lp in top],
+            }
+        ]
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": first[0]},
+            "logprobs": {"content": content},
+            "finish_reason": "length",
+        }
+        self._json(200, {"object": "chat.completion", "model": model, "choices": [choice]})
 
     def _stream(self, model: str, texts: list[str]) -> None:
         state = self.server.state
@@ -225,7 +255,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        dribble = self.server.state.dribble_s
+        if dribble is None:
+            self.wfile.write(data)
+            return
+        for i in range(len(data)):  # always moving, never done: only a total bound ends it
+            if self.server.state.stop.wait(dribble):
+                return
+            try:
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+            except OSError:  # the client gave up
+                return
 
     def _text(self, status: int, text: str) -> None:
         data = text.encode()

@@ -1,13 +1,16 @@
-"""VLLMBackend against the fake OpenAI-compatible server, failure modes, and (where a GPU
-and a live server exist) the real thing."""
+"""VLLMBackend against the fake OpenAI-compatible server: the requests it sends and every
+failure mode. The real server (vLLM's CPU build, bin/vllm) is in test_vllm_live.py."""
 
 from __future__ import annotations
 
-import os
+import asyncio
+import math
 import socket
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from counselor_engine.backends import (
     Backend,
@@ -18,10 +21,12 @@ from counselor_engine.backends import (
     StreamDone,
     make_backend,
 )
-from counselor_engine.backends.vllm_backend import VLLMBackend
+from counselor_engine.backends.vllm_backend import VLLMBackend, _renormalised
 from counselor_engine.tests.fake_openai import (
     BASE_MODEL,
+    UNLISTED_LOGPROB,
     FakeOpenAIServer,
+    choice_logprobs,
     render,
     reply_text,
     token_logprob,
@@ -72,7 +77,19 @@ async def test_it_streams_candidate_zero_over_sse(
     assert fake_openai.state.requests[0][1]["stream"] is True
 
 
-async def test_it_reads_choice_probabilities_from_top_logprobs(
+async def test_greedy_candidates_are_one_request_for_one_reply_repeated(
+    backend: VLLMBackend, fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    """vLLM refuses n > 1 at temperature 0; greedy candidates are all the same reply."""
+    greedy = GenerationParams(max_new_tokens=16, temperature=0.0)
+    one = reply_text(BASE_MODEL, as_dicts(chat_prompt), 0)
+    assert await backend.generate(chat_prompt, n=3, params=greedy) == [one] * 3
+    events = [e async for e in backend.generate_stream(chat_prompt, n=3, params=greedy)]
+    assert isinstance(events[-1], StreamDone) and events[-1].texts == [one] * 3
+    assert [b["n"] for _, b in fake_openai.state.requests] == [1, 1]
+
+
+async def test_it_scores_the_choice_tokens_themselves(
     backend: VLLMBackend, fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
 ) -> None:
     other = [chat_prompt[0], ChatMessage("user", "Hi")]
@@ -81,18 +98,57 @@ async def test_it_reads_choice_probabilities_from_top_logprobs(
     for row in [*ab, *likert]:
         assert sum(row) == pytest.approx(1.0)
     assert ab[0] != pytest.approx(ab[1])
-    body = fake_openai.state.requests[0][1]
-    assert body["max_tokens"] == 1 and body["logprobs"] is True and body["top_logprobs"] == 20
+    table = choice_logprobs(BASE_MODEL, as_dicts(chat_prompt))
+    expected = softmax([table["A"], table["B"]])
+    assert ab[0] == pytest.approx(expected)
+    scored = [b for p, b in fake_openai.state.requests if p == "/v1/chat/completions"]
+    assert scored[0]["max_tokens"] == 1 and scored[0]["logprobs"] is True
+    assert scored[0]["logprob_token_ids"] == tokenize("A") + tokenize("B")
+    # Each choice is tokenized once per backend, however many prompts and calls follow.
+    tokenized = [b["prompt"] for p, b in fake_openai.state.requests if p == "/tokenize"]
+    assert sorted(tokenized) == sorted(["A", "B", *"12345"])
 
 
-async def test_missing_choices_get_zero_and_all_missing_is_an_error(
+async def test_choices_far_down_the_distribution_keep_their_probability(
     backend: VLLMBackend, fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
 ) -> None:
-    fake_openai.state.top_logprobs_override = {"A": -1.0, "The": -0.1}
-    assert await backend.choice_probabilities([chat_prompt], ["A", "B"]) == [[1.0, 0.0]]
-    fake_openai.state.top_logprobs_override = {"The": -0.1}
-    with pytest.raises(BackendError, match="none of the choices"):
+    # 25 tokens rank above both choices: a top-20 reading would find neither, or only A.
+    table = {f"w{i}": -0.5 - i * 0.01 for i in range(25)}
+    fake_openai.state.top_logprobs_override = {**table, "A": -6.0}  # B is unlisted: -9.0
+    [probs] = await backend.choice_probabilities([chat_prompt], ["A", "B"])
+    assert probs == pytest.approx(softmax([-6.0, UNLISTED_LOGPROB]))
+    assert 0.0 < probs[1] < probs[0]
+
+
+async def test_a_server_that_ignores_the_choice_ids_is_an_error_not_a_guess(
+    backend: VLLMBackend, fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    fake_openai.state.ignore_logprob_token_ids = True
+    with pytest.raises(BackendError, match="did not score the choice tokens"):
         await backend.choice_probabilities([chat_prompt], ["A", "B"])
+
+
+async def test_choices_must_be_single_distinct_tokens(
+    backend: VLLMBackend, chat_prompt: list[ChatMessage]
+) -> None:
+    with pytest.raises(ValueError, match="not a single token"):
+        await backend.choice_probabilities([chat_prompt], ["A", "Bb"])
+    with pytest.raises(ValueError, match="duplicate"):
+        await backend.choice_probabilities([chat_prompt], ["A", "A"])
+
+
+@given(st.lists(st.floats(-1e4, 0.0), min_size=1, max_size=8))
+def test_renormalising_is_a_softmax_that_never_underflows(logprobs: list[float]) -> None:
+    probs = _renormalised(logprobs)
+    assert sum(probs) == pytest.approx(1.0)
+    assert probs[logprobs.index(max(logprobs))] == max(probs) > 0.0
+    assert probs == pytest.approx(softmax(logprobs), abs=1e-12)
+
+
+def softmax(values: list[float]) -> list[float]:
+    top = max(values)
+    weights = [math.exp(v - top) for v in values]
+    return [w / sum(weights) for w in weights]
 
 
 async def test_sequence_logprobs_score_only_the_response(
@@ -145,6 +201,23 @@ async def test_server_errors_are_backend_errors(
         await backend.load_adapter("v1", "/x")
 
 
+async def test_a_dead_engine_is_reported_at_once(
+    fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    """vLLM's API process outlives a dead engine core and answers every request 500
+    EngineDeadError: that must be a BackendError naming the cause, well within the
+    timeout (the session then offers its retry), never a wait."""
+    fake_openai.state.fail_status = 500
+    fake_openai.state.fail_message = (
+        "EngineCore encountered an issue. See stack trace (above) for the root cause."
+    )
+    backend = VLLMBackend(fake_openai.url, model=BASE_MODEL, timeout=600.0)
+    with pytest.raises(BackendError, match="engine is dead"):
+        await asyncio.wait_for(backend.choice_probabilities([chat_prompt], ["A", "B"]), 10)
+    with pytest.raises(BackendError, match="engine is dead"):
+        await asyncio.wait_for(backend.sequence_logprobs([chat_prompt], ["ok"]), 10)
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,6 +252,17 @@ async def test_a_server_that_never_answers_times_out(
         await backend.choice_probabilities([chat_prompt], ["A", "B"])
 
 
+async def test_a_reply_that_trickles_in_is_bounded_in_all(
+    fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    """A byte every 0.1 s never trips a per-read timeout of 0.5 s; the request's total
+    bound must still end it (a wedged engine can answer like this)."""
+    fake_openai.state.dribble_s = 0.1
+    backend = VLLMBackend(fake_openai.url, model=BASE_MODEL, timeout=0.5)
+    with pytest.raises(BackendError, match="timed out"):
+        await backend.choice_probabilities([chat_prompt], ["A", "B"])
+
+
 async def test_a_stream_that_stalls_times_out(
     fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
 ) -> None:
@@ -189,42 +273,3 @@ async def test_a_stream_that_stalls_times_out(
         async for event in backend.generate_stream(chat_prompt, n=1, params=PARAMS):
             seen.append(event)
     assert seen and all(isinstance(e, StreamDelta) for e in seen)
-
-
-# -- a live vLLM server (GPU machines only) --------------------------------------------------
-
-VLLM_URL = os.environ.get("PSYEVO_VLLM_URL")
-
-
-def _gpu_available() -> bool:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(torch.cuda.is_available())
-
-
-@pytest.mark.skipif(
-    not VLLM_URL or not _gpu_available(),
-    reason="needs a GPU and a running vLLM server: set PSYEVO_VLLM_URL (and PSYEVO_VLLM_MODEL, "
-    "PSYEVO_VLLM_ADAPTER for the adapter check)",
-)
-async def test_a_real_vllm_server(chat_prompt: list[ChatMessage]) -> None:
-    assert VLLM_URL is not None
-    model = os.environ.get("PSYEVO_VLLM_MODEL", "smollm2")
-    backend = VLLMBackend(VLLM_URL, model=model, timeout=120.0)
-    texts = await backend.generate(chat_prompt, n=5, params=PARAMS)
-    assert len(texts) == 5
-    events = [e async for e in backend.generate_stream(chat_prompt, n=2, params=PARAMS)]
-    assert isinstance(events[-1], StreamDone) and len(events[-1].texts) == 2
-    probs = await backend.choice_probabilities([chat_prompt], ["A", "B"])
-    assert sum(probs[0]) == pytest.approx(1.0)
-    lps = await backend.sequence_logprobs([chat_prompt, chat_prompt], ["I hear you.", "No."])
-    assert all(lp < 0 for lp in lps)
-    if adapter_path := os.environ.get("PSYEVO_VLLM_ADAPTER"):
-        await backend.load_adapter("psyevo-test", adapter_path)
-        await backend.load_adapter("psyevo-test", adapter_path)
-        assert (
-            len(await backend.generate(chat_prompt, n=2, params=PARAMS, adapter="psyevo-test")) == 2
-        )
-        await backend.unload_adapter("psyevo-test")

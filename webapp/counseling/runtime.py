@@ -97,7 +97,10 @@ def _build_backend() -> Backend:
         if not settings.PSYEVO_VLLM_URL:
             raise BackendError("PSYEVO_BACKEND=vllm needs PSYEVO_VLLM_URL")
         return make_backend(
-            "vllm", base_url=settings.PSYEVO_VLLM_URL, model=settings.PSYEVO_VLLM_MODEL
+            "vllm",
+            base_url=settings.PSYEVO_VLLM_URL,
+            model=settings.PSYEVO_VLLM_MODEL,
+            timeout=float(settings.PSYEVO_BACKEND_TIMEOUT),
         )
     from counselor_engine.models import resolve_model_path
 

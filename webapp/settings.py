@@ -321,6 +321,9 @@ PSYEVO_JUDGE_EVALUATOR = env_choice(
 PSYEVO_JUDGE_BACKEND = env_choice(
     "PSYEVO_JUDGE_BACKEND", "counselor", ("counselor", "transformers", "vllm")
 )
+# The console warns that the learning loop has stalled after this many judged turns in a
+# row added no preference edge (webapp/learning/health.py).
+PSYEVO_LOOP_STALL_TURNS = env_int("PSYEVO_LOOP_STALL_TURNS", 20, minimum=1)
 PSYEVO_JUDGE_MODEL_PATH = env_str("PSYEVO_JUDGE_MODEL_PATH", "")
 PSYEVO_JUDGE_VLLM_URL = env_str("PSYEVO_JUDGE_VLLM_URL", "")
 PSYEVO_JUDGE_VLLM_MODEL = env_str("PSYEVO_JUDGE_VLLM_MODEL", "")

@@ -15,8 +15,10 @@ the model the evaluator runs on:
   criterion's "meets it" framing than under its "fails it" framing gets the vote
   (``Judge.criterion_scores``; each reply is scored once and every pair reuses it).
 
-Every reading is cached in ``var/bench/judge_sanity_<model>.json`` (the CPU is shared and
-a full pass takes a long time; a rerun resumes). The table goes to bench/RESULTS.md,
+Every reading is cached in ``var/bench/judge_sanity_<model>.json.{ab,contrastive}.json``
+(the CPU is shared and a full pass takes a long time; a rerun resumes; the two kinds can be
+read by two processes at once, ``--only ab`` / ``--only contrastive``, and ``--only none``
+scores what is cached). The table goes to bench/RESULTS.md,
 section "judge sanity (<model>)"; the dev-measured position bias to
 ``counselor_engine/prompts/judge_position_bias.json`` with ``--write-bias``.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import time
@@ -58,30 +61,43 @@ def _key(t: Triple) -> str:
 
 
 class Cache:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data: dict[str, Any] = (
-            json.loads(path.read_text()) if path.exists() else {"ab": {}, "contrastive": {}}
-        )
+    """Readings by evaluator, one file each (``<stem>.ab.json``, ``<stem>.contrastive.json``),
+    so the two kinds of reading can be taken by two processes at once."""
 
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
+    def __init__(self, stem: Path) -> None:
+        self.stem = stem
+        self.data: dict[str, Any] = {}
+        for kind in ("ab", "contrastive"):
+            path = self._path(kind)
+            self.data[kind] = json.loads(path.read_text()) if path.exists() else {}
+
+    def _path(self, kind: str) -> Path:
+        return self.stem.with_name(f"{self.stem.name}.{kind}.json")
+
+    def save(self, kind: str) -> None:
+        path = self._path(kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data[kind]))
+        os.replace(tmp, path)
 
 
-async def read_ab(judge: Judge, triples: list[Triple], cache: Cache) -> float:
-    """P(A) for every (order, criterion) of every triple; seconds spent on new ones."""
+async def read_ab(
+    judge: Judge, triples: list[Triple], cache: Cache, budget_s: float = math.inf
+) -> float:
+    """P(A) for every (order, criterion) of each triple, in order, until ``budget_s``
+    seconds of model time are spent; returns the seconds spent on new readings."""
     spent = 0.0
     for t in triples:
         if _key(t) in cache.data["ab"]:
             continue
+        if spent >= budget_s:
+            break
         start = time.perf_counter()
         group = await judge.judge_group(t.context, [t.better, t.worse])
         spent += time.perf_counter() - start
         cache.data["ab"][_key(t)] = [jd.p_a for jd in group.judgments]
-        cache.save()
+        cache.save("ab")
     return spent
 
 
@@ -102,7 +118,7 @@ async def read_contrastive(judge: Judge, triples: list[Triple], cache: Cache) ->
         spent += time.perf_counter() - start
         for (name, _), row in zip(todo, scores, strict=True):
             store[name] = row
-        cache.save()
+        cache.save("contrastive")
     return spent
 
 
@@ -176,7 +192,18 @@ async def main() -> None:
     parser.add_argument("--model", default="", help="model folder (default: the default model)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--write-bias", action="store_true")
-    parser.add_argument("--only", choices=("ab", "contrastive", "both"), default="both")
+    parser.add_argument(
+        "--only",
+        choices=("ab", "contrastive", "both", "none"),
+        default="both",
+        help="which readings to take (none: only score the cached ones)",
+    )
+    parser.add_argument(
+        "--ab-budget-s", type=float, default=math.inf, help="model seconds for new A/B readings"
+    )
+    parser.add_argument(
+        "--ab-dev-contexts", type=int, default=6, help="dev contexts the A/B bias is read on"
+    )
     args = parser.parse_args()
     from counselor_engine.backends.transformers_backend import TransformersBackend
     from counselor_engine.models import resolve_model_path
@@ -193,19 +220,34 @@ async def main() -> None:
         seconds["contrastive"] = await read_contrastive(
             Judge(backend, evaluator="contrastive"), dev + test, cache
         )
+    dev_ids = list(dict.fromkeys(t.context_id for t in dev))[: args.ab_dev_contexts]
     if args.only in ("ab", "both"):
-        seconds["ab"] = await read_ab(Judge(backend), dev + test, cache)
+        seconds["ab"] = await read_ab(
+            Judge(backend),
+            [t for t in dev if t.context_id in dev_ids] + test,
+            cache,
+            args.ab_budget_s,
+        )
     weights = {c.id: c.weight for c in default_criteria()}
-    bias = position_bias(dev, cache)
+    ab_test = [t for t in test if _key(t) in cache.data["ab"]]
+    ab_dev = [t for t in dev if _key(t) in cache.data["ab"]]
+    bias = position_bias(ab_dev, cache)
+
+    def has_scores(t: Triple) -> bool:
+        store = cache.data["contrastive"].get(t.context_id, {})
+        return "better" in store and t.kind in store
+
+    c_test = [t for t in test if has_scores(t)]
+    c_dev = [t for t in dev if has_scores(t)]
     results = {
-        "ab": score(ab_groups(test, cache, None), weights, floor=soca.FLOOR),
-        "ab_debiased": score(ab_groups(test, cache, bias), weights, floor=soca.FLOOR),
-        "contrastive": score(contrastive_groups(test, cache), weights, floor=soca.FLOOR),
+        "ab": score(ab_groups(ab_test, cache, None), weights, floor=soca.FLOOR),
+        "ab_debiased": score(ab_groups(ab_test, cache, bias), weights, floor=soca.FLOOR),
+        "contrastive": score(contrastive_groups(c_test, cache), weights, floor=soca.FLOOR),
     }
     dev_results = {
-        "ab": score(ab_groups(dev, cache, None), weights),
-        "ab_debiased": score(ab_groups(dev, cache, bias), weights),
-        "contrastive": score(contrastive_groups(dev, cache), weights),
+        "ab": score(ab_groups(ab_dev, cache, None), weights),
+        "ab_debiased": score(ab_groups(ab_dev, cache, bias), weights),
+        "contrastive": score(contrastive_groups(c_dev, cache), weights),
     }
     if args.write_bias:
         stored = json.loads(BIAS_FILE.read_text()) if BIAS_FILE.exists() else {}
@@ -214,7 +256,11 @@ async def main() -> None:
     all_pa = [p for v in cache.data["ab"].values() for p in v]
     body = (
         f"Sanity set: {len(test)} test triples ({len(test) // 5} contexts x 5 kinds of worse "
-        f"reply), {len(dev)} dev triples (used only to measure the position bias). Model "
+        f"reply), {len(dev)} dev triples. The A/B readings cost about 40 s a triple on this "
+        f"shared CPU, so they were taken on {len(ab_test)} test triples (the first "
+        f"{len(ab_test) // 5} contexts, all five kinds each) and {len(ab_dev)} dev triples "
+        f"(the position bias is measured on those only); the contrastive evaluator on "
+        f"{len(c_test)} test and {len(c_dev)} dev triples. Model "
         f"`{model}`. Coverage = share of triples with an order-consistent edge at the 0.1 floor; "
         "accuracy = share of edges pointing to the better reply (per criterion: both orders' "
         "votes agree). Readings: mean P(A) over all A/B readings "

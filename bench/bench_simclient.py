@@ -71,6 +71,7 @@ async def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--per-profile", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--remind", action="store_true", help="SimulatedClient(remind=True)")
     args = parser.parse_args()
     from counselor_engine.backends.transformers_backend import TransformersBackend
     from counselor_engine.models import resolve_model_path
@@ -95,6 +96,7 @@ async def main() -> None:
             embedder=embedder,
             max_new_tokens=args.tokens,
             min_exchanges=args.per_profile,  # never close inside the script
+            remind=args.remind,
         )
         opening = await client.opening()
         sent.append((k, opening, opening == profile.voice))
@@ -116,7 +118,8 @@ async def main() -> None:
     n = len(sent)
     body = (
         f"Model `{path.name}`, {n} messages ({len(profiles)} profiles x {args.per_profile}: "
-        f"opening + scripted counselor replies), 3 candidates each, {args.tokens} new tokens.\n\n"
+        f"opening + scripted counselor replies), 3 candidates each, {args.tokens} new tokens, "
+        f"reminder {'on' if args.remind else 'off'}.\n\n"
         f"| figure | value |\n|---|---:|\n"
         f"| on profile (cosine to own problem >= {threshold:.2f}) | {np.mean(own >= threshold):.0%} |\n"
         f"| own problem is the nearest of the 20 | {nearest.mean():.0%} |\n"

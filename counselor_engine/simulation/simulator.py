@@ -178,6 +178,7 @@ class SimulatedClient:
         history_turns: int = 12,
         candidates: int = 1,
         embedder: Embedder | None = None,
+        remind: bool = False,
     ) -> None:
         if not isinstance(profile, SimProfile):
             raise ValueError("profile: expected a SimProfile")
@@ -193,6 +194,11 @@ class SimulatedClient:
             raise ValueError("candidates: expected an integer >= 1")
         self.candidates = candidates
         self.embedder = embedder
+        self.remind = remind
+        self._reminder = (
+            f"(Answer as {profile.name}, the client, in the first person, about your own "
+            f'problem as you see it: "{profile.voice or profile.presenting_problem}")'
+        )
         self.backend = backend
         self.profile = profile
         self.state = state
@@ -219,6 +225,11 @@ class SimulatedClient:
         messages = [ChatMessage("system", system), ChatMessage("user", COUNSELOR_GREETING)]
         for role, text in transcript[-self.history_turns :]:
             messages.append(ChatMessage("assistant" if role == "client" else "user", text))
+        if self.remind and messages[-1].role == "user":
+            # A small model forgets a long system prompt by the end; the reminder sits next
+            # to where it writes (the counselor never sees it: it is the simulator's prompt).
+            last = messages[-1]
+            messages[-1] = ChatMessage("user", f"{last.content}\n\n{self._reminder}")
         return messages
 
     async def _write(

@@ -250,3 +250,14 @@ async def test_it_refuses_non_finite_probabilities_and_empty_transcripts() -> No
         await ExternalJudge(FakeBackend()).evaluate(PROFILE, [("client", "hello")])
     with pytest.raises(ValueError, match="roles"):
         await ExternalJudge(FakeBackend()).evaluate(PROFILE, [("judge", "x")])
+
+
+async def test_the_reminder_sits_next_to_where_the_model_writes_only_when_asked() -> None:
+    backend = FakeBackend(["I reread it all."])
+    await sim(backend, remind=True).reply([("client", "hi"), ("counselor", "Go on.")])
+    last = backend.log[0][1]["prompt"][-1]
+    assert last.role == "user" and last.content.startswith("Go on.")
+    assert PROFILE.voice in last.content and "first person" in last.content
+    plain = FakeBackend(["I reread it all."])
+    await sim(plain).reply([("client", "hi"), ("counselor", "Go on.")])
+    assert plain.log[0][1]["prompt"][-1].content == "Go on."

@@ -19,6 +19,17 @@ never parsed from free text, so a judgment is a number even when the model rambl
    comparisons are done. A person waiting tens of seconds for a judged reply on a small
    CPU sees real progress instead of a silent page (the context prefix is then computed
    N times instead of once: 1.14x the judge's time, bench/bench_progress.py).
+   How each criterion's z is obtained is the ``evaluator`` setting (Eq. 12, Eq. 7 and
+   the floor are the same for all three): ``ab`` is the paper's A/B question above;
+   ``ab_debiased`` reads the same A/B probabilities but first removes the judge's
+   measured position bias (:func:`ab_judgment`); ``contrastive`` asks no A/B question:
+   criterion l votes for the reply whose per-word log-likelihood rises more under
+   l's "meets it" persona than under its "fails it" one (:meth:`Judge.criterion_scores`,
+   :func:`contrastive_judgments`, which says why the two-order check still holds). A
+   small model such as SmolLM2-135M answers "A" to almost every A/B question whatever A
+   is, so the A/B judge forms almost no order-consistent edge on it; the per-model
+   default and the figures are in ``DEFAULT_EVALUATOR_BY_MODEL`` and bench/RESULTS.md
+   ("judge sanity").
 2. Pointwise: the expectation of the 1-5 digit distribution, per candidate (one call).
 3. Turn outcome R_t in [0, 1]: after the client's next message, four aspects (emotional
    change, willingness to disclose, collaboration, concrete progress) each rated 1-5;
@@ -59,9 +70,11 @@ DIGITS = ("1", "2", "3", "4", "5")
 # bias removed; "contrastive" per-criterion likelihood contrast (no presentation order).
 EVALUATORS = ("ab", "ab_debiased", "contrastive")
 # The evaluator each model gets when the setting says "auto", chosen from the judge sanity
-# set (bench/RESULTS.md, "judge sanity (<model>)"): on SmolLM2-135M the A/B judge answers
-# "A" whatever A is and forms almost no order-consistent edge. Models not listed get the
-# paper's A/B judge (a model large enough to answer A/B questions, as the paper's was).
+# set (bench/RESULTS.md, "judge sanity (<model>)"). SmolLM2-135M at the 0.1 floor: the A/B
+# judge says "A" 89% of the time whatever A is and formed an edge on 1 of 50 test triples;
+# with its position bias removed, 6 of 50 (2 right); contrastive, 141 of 150 (118 right:
+# coverage 94%, accuracy 84%). Models not listed get the paper's A/B judge (a model large
+# enough to answer A/B questions, as the paper's was).
 DEFAULT_EVALUATOR_BY_MODEL = {"smollm2-135m-instruct": "contrastive"}
 
 

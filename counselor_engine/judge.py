@@ -72,7 +72,7 @@ EVALUATORS = ("ab", "ab_debiased", "contrastive")
 # The evaluator each model gets when the setting says "auto", chosen from the judge sanity
 # set (bench/RESULTS.md, "judge sanity (<model>)"). SmolLM2-135M at the 0.1 floor: the A/B
 # judge says "A" 89% of the time whatever A is and formed an edge on 1 of 50 test triples;
-# with its position bias removed, 6 of 50 (2 right); contrastive, 141 of 150 (118 right:
+# with its position bias removed, 6 of 50 (2 right); contrastive, 141 of 150 (119 right:
 # coverage 94%, accuracy 84%). Models not listed get the paper's A/B judge (a model large
 # enough to answer A/B questions, as the paper's was).
 DEFAULT_EVALUATOR_BY_MODEL = {"smollm2-135m-instruct": "contrastive"}

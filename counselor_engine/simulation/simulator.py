@@ -81,6 +81,8 @@ _SPEAKER = re.compile(r"(?:^|\n|\s)(?:counsel+or|therapist|assistant|user|client
 
 def role_confusion(text: str) -> str | None:
     """Why ``text`` is not a client's line (counselor or assistant talk), or None."""
+    if text.lstrip().startswith(("(", "[")):
+        return "a stage direction, not the client's words"
     found = _COUNSELOR_TALK.search(text.lower())
     return f"counselor talk: {found.group(0)!r}" if found else None
 

@@ -92,6 +92,7 @@ async def test_a_candidate_the_crisis_detector_reads_as_crisis_is_not_sent() -> 
 def test_role_confusion_names_what_it_found() -> None:
     assert role_confusion("I'm here to help you.") == 'counselor talk: "i\'m here to help"'
     assert role_confusion("I keep rereading every figure, sorry.") is None
+    assert role_confusion("(Clara waits for the counselor.)") is not None
     assert clean_message("Client: I told you: it's hard.", "Maya") == "I told you: it's hard."
     assert clean_message("Counselor: how are you?", "Maya") == ""
 

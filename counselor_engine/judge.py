@@ -19,6 +19,17 @@ never parsed from free text, so a judgment is a number even when the model rambl
    comparisons are done. A person waiting tens of seconds for a judged reply on a small
    CPU sees real progress instead of a silent page (the context prefix is then computed
    N times instead of once: 1.14x the judge's time, bench/bench_progress.py).
+   How each criterion's z is obtained is the ``evaluator`` setting (Eq. 12, Eq. 7 and
+   the floor are the same for all three): ``ab`` is the paper's A/B question above;
+   ``ab_debiased`` reads the same A/B probabilities but first removes the judge's
+   measured position bias (:func:`ab_judgment`); ``contrastive`` asks no A/B question:
+   criterion l votes for the reply whose per-word log-likelihood rises more under
+   l's "meets it" persona than under its "fails it" one (:meth:`Judge.criterion_scores`,
+   :func:`contrastive_judgments`, which says why the two-order check still holds). A
+   small model such as SmolLM2-135M answers "A" to almost every A/B question whatever A
+   is, so the A/B judge forms almost no order-consistent edge on it; the per-model
+   default and the figures are in ``DEFAULT_EVALUATOR_BY_MODEL`` and bench/RESULTS.md
+   ("judge sanity").
 2. Pointwise: the expectation of the 1-5 digit distribution, per candidate (one call).
 3. Turn outcome R_t in [0, 1]: after the client's next message, four aspects (emotional
    change, willingness to disclose, collaboration, concrete progress) each rated 1-5;
@@ -34,13 +45,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import combinations
 from pathlib import Path
 
-from counselor_engine.backends.base import Backend, ChatMessage
+from counselor_engine.backends.base import Backend, BackendError, ChatMessage
 from counselor_engine.soca import VOTES, criterion_vote, support_share, vote_share
 
 PROMPTS = Path(__file__).with_name("prompts")
@@ -54,6 +65,41 @@ OUTCOME_ASPECTS = {
     "progress": "Did the client move toward something concrete (an insight, a plan, a step)?",
 }
 DIGITS = ("1", "2", "3", "4", "5")
+# How each criterion's vote is obtained (Eq. 7, Eq. 12 and the floor are the same for all):
+# "ab" the paper's A/B question; "ab_debiased" the same with the judge's measured position
+# bias removed; "contrastive" per-criterion likelihood contrast (no presentation order).
+EVALUATORS = ("ab", "ab_debiased", "contrastive")
+# The evaluator each model gets when the setting says "auto", chosen from the judge sanity
+# set (bench/RESULTS.md, "judge sanity (<model>)"). SmolLM2-135M at the 0.1 floor: the A/B
+# judge says "A" 89% of the time whatever A is and formed an edge on 1 of 50 test triples;
+# with its position bias removed, 6 of 50 (2 right); contrastive, 141 of 150 (119 right:
+# coverage 94%, accuracy 84%). Models not listed get the paper's A/B judge (a model large
+# enough to answer A/B questions, as the paper's was).
+DEFAULT_EVALUATOR_BY_MODEL = {"smollm2-135m-instruct": "contrastive"}
+
+
+def model_key(model: str) -> str:
+    """A model's name as the tables here spell it: the last path part, lower case
+    ("/data/models/SmolLM2-135M-Instruct" and "HuggingFaceTB/SmolLM2-135M-Instruct" are
+    both "smollm2-135m-instruct")."""
+    return model.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1].lower()
+
+
+def default_evaluator(model: str) -> str:
+    """The evaluator measured best for ``model`` (see ``DEFAULT_EVALUATOR_BY_MODEL``)."""
+    return DEFAULT_EVALUATOR_BY_MODEL.get(model_key(model), "ab")
+
+
+def position_bias_for(model: str, path: Path | None = None) -> dict[str, float]:
+    """The per-criterion P(A) measured for ``model`` on the sanity set's dev split
+    (``bench.bench_judge_sanity --write-bias``), for the ``ab_debiased`` evaluator.
+    Raises ValueError when none was measured: a guessed bias would be worse than none."""
+    source = path or PROMPTS / "judge_position_bias.json"
+    table = json.loads(source.read_text()) if source.exists() else {}
+    key = model_key(model)
+    if key not in table:
+        raise ValueError(f"no position bias measured for model {key!r} (run bench_judge_sanity)")
+    return {str(c): float(b) for c, b in table[key].items()}
 
 
 @dataclass(frozen=True)
@@ -61,12 +107,18 @@ class Criterion:
     id: str
     weight: float
     question: str
+    # The contrastive evaluator's two framings: a counselor whose reply meets it / fails it.
+    meets: str = ""
+    fails: str = ""
 
 
 @cache
 def default_criteria() -> tuple[Criterion, ...]:
     data = json.loads((PROMPTS / "judge_criteria.json").read_text())
-    return tuple(Criterion(c["id"], float(c["weight"]), c["question"]) for c in data["criteria"])
+    return tuple(
+        Criterion(c["id"], float(c["weight"]), c["question"], c["meets"], c["fails"])
+        for c in data["criteria"]
+    )
 
 
 @cache
@@ -93,9 +145,10 @@ class PairJudgment:
     j: int
     order: str  # "forward": i shown as A; "backward": j shown as A
     criterion: str
-    p_a: float
-    z_i: float  # P(candidate i preferred) in this order
+    p_a: float  # the reading as taken: P(A) (A/B) or sigmoid(score A - score B) (contrastive)
+    z_i: float  # P(candidate i preferred) in this order, after any bias removal
     vote: float | None = None  # binary z: 1.0 favours i, 0.0 favours j, None a tie
+    bias: float = 0.5  # the measured P(A) removed before the vote (0.5: none)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -106,7 +159,69 @@ class PairJudgment:
             "p_a": self.p_a,
             "z_i": self.z_i,
             "vote": self.vote,
+            "bias": self.bias,
         }
+
+
+def ab_judgment(
+    i: int, j: int, order: str, criterion: str, p_a: float, p_b: float, *, bias: float = 0.5
+) -> PairJudgment:
+    """One A/B reading mapped back to candidate identity, position bias removed.
+
+    ``bias`` is the judge's P(A) for this criterion when content favours neither reply
+    (measured on a calibration set with both orders, so content cancels). Removing it is
+    a shift: P'(A) = P(A) + (0.5 - bias), P'(B) = P(B) - (0.5 - bias); the binary vote
+    compares P'(A) with P'(B) mapped to i and j. ``bias`` = 0.5 is today's judge exactly.
+    The two orders stay independent readings, so Eq. 7 still tests that the reply, not
+    the slot, carries the preference. A non-finite probability casts no vote (the caller
+    then refuses the group).
+    """
+    shift = 0.5 - bias
+    p_a2, p_b2 = p_a + shift, p_b - shift
+    z_a = min(1.0, max(0.0, p_a2)) if math.isfinite(p_a2) else p_a2
+    z_i = z_a if order == "forward" else 1.0 - z_a
+    vote = None
+    if _finite([p_a2, p_b2]):
+        p_i, p_j = (p_a2, p_b2) if order == "forward" else (p_b2, p_a2)
+        vote = criterion_vote(float(p_i), float(p_j))
+    return PairJudgment(i, j, order, criterion, float(p_a), float(z_i), vote, float(bias))
+
+
+def reply_length(reply: str) -> int:
+    """A reply's length for the contrastive score: its whitespace-separated words (1 for
+    an empty reply, so the score stays finite)."""
+    return max(1, len(reply.split()))
+
+
+def _sigmoid(x: float) -> float:
+    if not math.isfinite(x):
+        return math.nan
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def contrastive_judgments(
+    i: int, j: int, scores_i: Sequence[float], scores_j: Sequence[float], criteria: Sequence[str]
+) -> list[PairJudgment]:
+    """Both "orders" of one pair from per-criterion contrast scores (see
+    :meth:`Judge.criterion_scores`): criterion l votes for the reply whose score is higher.
+
+    Each score comes from a prompt holding that reply alone, so no reply is ever shown
+    first: swapping the presentation order maps every reading onto itself, and the
+    backward block equals the forward one by construction. Eq. 7 is then applied as
+    written: the two supports agree whenever the share is off 0.5, c_ij = 2p - 1, and
+    the 0.1 floor still discards near-even splits. What the two-order check guards
+    against (a preference carried by the slot, not the reply) cannot arise, so the check
+    holds exactly instead of being bypassed. ``p_a`` records sigmoid(score A - score B)
+    in each order's A/B labelling, for the clinician's view and the soft rule.
+    """
+    out: list[PairJudgment] = []
+    for order in ("forward", "backward"):
+        for cid, s_i, s_j in zip(criteria, scores_i, scores_j, strict=True):
+            z_i = _sigmoid(s_i - s_j)
+            p_a = z_i if order == "forward" else _sigmoid(s_j - s_i)
+            vote = criterion_vote(s_i, s_j) if _finite([s_i, s_j]) else None
+            out.append(PairJudgment(i, j, order, cid, p_a, z_i, vote))
+    return out
 
 
 @dataclass
@@ -185,10 +300,21 @@ class Judge:
         context_chars: int = 1200,
         response_chars: int = 800,
         votes: str = "binary",
+        evaluator: str = "ab",
+        position_bias: Mapping[str, float] | None = None,
+        batch_size: int = 48,
     ) -> None:
         if votes not in VOTES:
             raise ValueError(f"votes: expected one of {', '.join(VOTES)}, got {votes!r}")
+        if evaluator not in EVALUATORS:
+            raise ValueError(
+                f"evaluator: expected one of {', '.join(EVALUATORS)}, got {evaluator!r}"
+            )
+        if batch_size < 1:
+            raise ValueError("batch_size: must be >= 1")
         self.votes = votes
+        self.evaluator = evaluator
+        self.batch_size = batch_size
         self.backend = backend
         self.criteria = tuple(criteria) if criteria is not None else default_criteria()
         if not self.criteria:
@@ -197,6 +323,25 @@ class Judge:
             raise ValueError("criteria: weights must be positive and finite")
         self.context_chars = context_chars
         self.response_chars = response_chars
+        self.position_bias = self._check_bias(position_bias)
+        if evaluator == "contrastive" and any(not (c.meets and c.fails) for c in self.criteria):
+            raise ValueError("criteria: the contrastive evaluator needs meets/fails framings")
+
+    def _check_bias(self, bias: Mapping[str, float] | None) -> dict[str, float]:
+        """Per-criterion P(A) to remove (``ab_debiased`` only; it fails loudly without one)."""
+        if self.evaluator != "ab_debiased":
+            if bias is not None:
+                raise ValueError("position_bias: only the ab_debiased evaluator uses one")
+            return {}
+        if bias is None:
+            raise ValueError("position_bias: the ab_debiased evaluator needs a measured bias")
+        missing = [c.id for c in self.criteria if c.id not in bias]
+        if missing:
+            raise ValueError(f"position_bias: no bias for {', '.join(missing)}")
+        out = {c.id: float(bias[c.id]) for c in self.criteria}
+        if any(not (0.0 < b < 1.0) for b in out.values()):
+            raise ValueError("position_bias: every bias must lie strictly between 0 and 1")
+        return out
 
     # -- prompts ---------------------------------------------------------------------------
     def _pair_prompt(self, ctx: str, a: str, b: str, criterion: Criterion) -> list[ChatMessage]:
@@ -206,6 +351,26 @@ class Judge:
             f"Criterion: {criterion.question}\nAnswer A or B."
         )
         return [ChatMessage("system", _prompt("judge_pairwise")), ChatMessage("user", body)]
+
+    def _contrast_prompt(self, context: JudgeContext, framing: str) -> list[ChatMessage]:
+        """The criterion's persona as the system message, then the conversation as chat
+        turns (most recent within ``context_chars``); the reply is scored as the
+        assistant's next turn: its own prompt, no other reply in sight.
+
+        The persona is the whole system message: on the dev split a shared preamble
+        ("you are a counselor ...", the skill) before it diluted the contrast between the
+        two personas. The skill therefore reaches this evaluator only through the
+        skill_fidelity persona's wording, not by name.
+        """
+        budget = self.context_chars
+        turns: list[ChatMessage] = [ChatMessage("user", _clip(context.client_message, budget))]
+        budget -= len(context.client_message)
+        for speaker, text in reversed(context.history):
+            if budget - len(text) < 0:
+                break
+            budget -= len(text)
+            turns.append(ChatMessage("user" if speaker == "client" else "assistant", text))
+        return [ChatMessage("system", framing), *turns[::-1]]
 
     def _point_prompt(self, ctx: str, reply: str) -> list[ChatMessage]:
         body = f"{ctx}\n\n<reply>\n{_clip(reply, self.response_chars)}\n</reply>\n\nRate 1-5."
@@ -232,6 +397,11 @@ class Judge:
                 admissible=False,
                 problem="a single candidate has no pairs",
             )
+        if self.evaluator == "contrastive":
+            judgments = await self._contrastive_group(context, candidates, on_progress)
+            if not _finite([jd.p_a for jd in judgments]):
+                return self._refused(judgments, pointwise, "non-finite contrast score")
+            return self._group(judgments, pointwise)
         keys: list[tuple[int, int, str, Criterion]] = []
         prompts: list[list[ChatMessage]] = []
         for i, j in combinations(range(n), 2):
@@ -241,22 +411,25 @@ class Judge:
                     prompts.append(self._pair_prompt(ctx, candidates[a], candidates[b], criterion))
         shown_as_a = [i if order == "forward" else j for i, j, order, _ in keys]
         probs = await self._pairwise(prompts, shown_as_a, n, on_progress)
-        judgments: list[PairJudgment] = []
-        for (i, j, order, criterion), (p_a, p_b) in zip(keys, probs, strict=True):
-            z_i = p_a if order == "forward" else 1.0 - p_a
-            vote = None
-            if _finite([p_a, p_b]):
-                p_i, p_j = (p_a, p_b) if order == "forward" else (p_b, p_a)
-                vote = criterion_vote(float(p_i), float(p_j))
-            judgments.append(PairJudgment(i, j, order, criterion.id, float(p_a), float(z_i), vote))
-        if not _finite([float(p) for row in probs for p in row[:2]]):
-            return GroupJudgment(
-                support={},
-                pointwise=pointwise,
-                judgments=judgments,
-                admissible=False,
-                problem="non-finite pairwise probability",
+        judgments = [
+            ab_judgment(
+                i, j, order, c.id, float(p_a), float(p_b), bias=self.position_bias.get(c.id, 0.5)
             )
+            for (i, j, order, c), (p_a, p_b, *_) in zip(keys, probs, strict=True)
+        ]
+        if not _finite([float(p) for row in probs for p in row[:2]]):
+            return self._refused(judgments, pointwise, "non-finite pairwise probability")
+        return self._group(judgments, pointwise)
+
+    def _refused(
+        self, judgments: list[PairJudgment], pointwise: list[float], problem: str
+    ) -> GroupJudgment:
+        return GroupJudgment(
+            support={}, pointwise=pointwise, judgments=judgments, admissible=False, problem=problem
+        )
+
+    def _group(self, judgments: list[PairJudgment], pointwise: list[float]) -> GroupJudgment:
+        """Eq. 12 supports from the readings (the same for every evaluator)."""
         weights = [c.weight for c in self.criteria]
         support = pair_support(judgments, weights, votes=self.votes)
         admissible = _finite(pointwise)
@@ -267,6 +440,75 @@ class Judge:
             admissible=admissible,
             problem="" if admissible else "non-finite pointwise score",
         )
+
+    async def _contrastive_group(
+        self,
+        context: JudgeContext,
+        candidates: Sequence[str],
+        on_progress: ProgressCallback | None,
+    ) -> list[PairJudgment]:
+        """Pair readings from each reply's criterion scores (one scoring per reply, so
+        progress is told after each, like the A/B judge's one call per reply shown as A)."""
+        n = len(candidates)
+        total = n * (n - 1)
+        if on_progress is not None:
+            on_progress(0, total)
+        scores: list[list[float]] = []
+        for a, reply in enumerate(candidates):
+            scores.extend(await self.criterion_scores(context, [reply]))
+            if on_progress is not None:
+                on_progress((a + 1) * (n - 1), total)
+        ids = [c.id for c in self.criteria]
+        return [
+            jd
+            for i, j in combinations(range(n), 2)
+            for jd in contrastive_judgments(i, j, scores[i], scores[j], ids)
+        ]
+
+    async def criterion_scores(
+        self, context: JudgeContext, replies: Sequence[str]
+    ) -> list[list[float]]:
+        """Per reply and criterion: [log p(reply | "meets it") - log p(reply | "fails it")]
+        divided by the reply's length in words (:func:`reply_length`).
+
+        Both log-likelihoods are of the same reply tokens, so its wording cancels and
+        what is left is how much more the model expects this reply from a counselor who
+        meets the criterion than from a responder who fails it. Per word, because the two
+        personas shift every token a little, whatever it says: summed, that shift grows
+        with length, and on the dev split the summed score preferred the shorter reply
+        (10 of 24 edges right) where the per-word one points the right way (21 of 26).
+        Words, not tokens: the Backend protocol returns sums only, and a word count is
+        the same on every backend; within one language tokens per word vary little. Always
+        the base model (``adapter=None``). Sent in chunks of ``batch_size`` sequences (a
+        padded batch of every prompt at once would hold all of them in memory together).
+        """
+        prompts: list[list[ChatMessage]] = []
+        responses: list[str] = []
+        lengths: list[int] = []
+        for reply in replies:
+            clipped = _clip(reply, self.response_chars)
+            lengths.append(reply_length(clipped))
+            for c in self.criteria:
+                for framing in (c.meets, c.fails):
+                    prompts.append(self._contrast_prompt(context, framing))
+                    responses.append(clipped)
+        logps: list[float] = []
+        for k in range(0, len(prompts), self.batch_size):
+            logps.extend(
+                await self.backend.sequence_logprobs(
+                    prompts[k : k + self.batch_size], responses[k : k + self.batch_size]
+                )
+            )
+        if len(logps) != len(prompts):
+            raise BackendError("sequence_logprobs: wrong number of scores")
+        per = 2 * len(self.criteria)
+        return [
+            [
+                (logps[r * per + 2 * c] - logps[r * per + 2 * c + 1]) / length
+                for c in range(len(self.criteria))
+            ]
+            for r, length in enumerate(lengths)
+        ]
 
     async def _pairwise(
         self,

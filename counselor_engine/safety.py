@@ -1384,16 +1384,54 @@ def assess(text: str) -> SafetyAssessment:
     )
 
 
-_STATED_READING = ("negated:", "about fiction, news or study:", "figure of speech ignored:")
+_STATED_READING = (
+    "negated:",
+    "about fiction, news or study:",
+    "figure of speech ignored:",
+    "reassurance to someone else:",
+)
+# Comfort aimed at another person ("you're safe", "i'll always be there for you"): the words
+# of someone giving support, which the learned layer scores as crisis because crisis talk
+# shares them ("safe", "alone", "always", "take care"). Matched on normalise()'s output.
+_REASSURANCE = re.compile(
+    r"\b(?:you are|you will be|you re|you ll be) (?:safe|not alone|going to be "
+    r"(?:ok|okay|fine|alright|all right))\b"
+    r"|\bi will (?:always )?(?:be there for|be here for|take care of|look after|stay with|"
+    r"stand by) you\b"
+    r"|\bi will make sure (?:that )?you (?:are|re) (?:safe|not alone|ok|okay|alright|looked after)\b"
+    r"|\bi am (?:always )?here for you\b|\bwe will get through this(?: together)?\b"
+    r"|\b(?:it|everything) (?:is going to|will) be (?:ok|okay|fine|alright|all right)\b"
+)
+# Words that turn comfort into a goodbye ("i will always be there for you, even when i am
+# gone"): any of them and the reading does not apply.
+_FAREWELL_CUE = re.compile(
+    r"\b(?:gone|goodbye|bye|miss me|without me|after i|when i am|watching over|last|forever|"
+    r"anymore|die|dead|death|end|leave|leaving|won t be|will not be|better off|sorry)\b"
+)
+_FILLER = frozenset(
+    ("and", "but", "so", "i", "m", "you", "your", "always", "really", "just", "too", "also",
+     "now", "here", "there", "ok", "okay", "yes", "of", "course", "promise")
+)  # fmt: skip
+
+
+def _reassurance_only(norm: str) -> bool:
+    """True when ``norm`` is comfort to someone else and nothing more: at least one
+    reassurance phrase, no farewell cue, and at most three other words once the phrases
+    and filler are removed (a sentence of distress beside the comfort keeps the model)."""
+    if not _REASSURANCE.search(norm) or _FAREWELL_CUE.search(norm):
+        return False
+    rest = [w for w in re.findall(r"[a-z]+", _REASSURANCE.sub(" ", norm)) if w not in _FILLER]
+    return len(rest) <= 3
 
 
 def model_may_raise(ruled: SafetyAssessment) -> bool:
     """Whether the learned layer may raise the rules' verdict.
 
     Not above crisis, and not where the rules read a risk phrase as negated ("i have no
-    wish to die"), as fiction/news/study, or as a figure of speech ("i shot him a message")
-    with nothing else found: the client's stated meaning beats a bag-of-words guess, which
-    cannot see negation scope or idiom.
+    wish to die"), as fiction/news/study, or as a figure of speech ("i shot him a message"),
+    or read the whole message as comfort to someone else ("you're safe, i'll always be
+    there for you"; :func:`_reassurance_only`) with nothing else found: the client's stated
+    meaning beats a bag-of-words guess, which cannot see negation scope or idiom.
     """
     if ruled.level == "crisis":
         return False
@@ -1509,6 +1547,8 @@ def _assess(text: str, *, gate: bool) -> SafetyAssessment:
             matched.append(h.rule.id)
             note = f" ({'; '.join(h.notes)})" if h.notes else ""
             reasons.append(f"{h.level}: {h.rule.id} [{h.signal}]{note}")
+    if level == "none" and _reassurance_only(norm):
+        reasons.append("reassurance to someone else: the message comforts another person")
     if level != "none":
         # Categories of the hits that set the level come first.
         top = [h.rule.category for h in hits if h.level == level]

@@ -311,6 +311,22 @@ PSYEVO_MODE = env_choice("PSYEVO_MODE", "graph", ("graph", "stream_first"))
 PSYEVO_CANDIDATES = env_int("PSYEVO_CANDIDATES", 5, minimum=1)
 # Eq. 12: "binary" criterion votes (the paper's z) or "soft" probabilities; see judge.py.
 PSYEVO_JUDGE_VOTES = env_choice("PSYEVO_JUDGE_VOTES", "binary", ("binary", "soft"))
+# How each criterion's vote is obtained: "auto" picks the evaluator measured best for the
+# judge's model (counselor_engine.judge.DEFAULT_EVALUATOR_BY_MODEL; bench/RESULTS.md).
+PSYEVO_JUDGE_EVALUATOR = env_choice(
+    "PSYEVO_JUDGE_EVALUATOR", "auto", ("auto", "ab", "ab_debiased", "contrastive")
+)
+# The internal evaluator may run on another model or server than the counselor (the
+# paper's did): "counselor" shares the counselor's backend (base model, never an adapter).
+PSYEVO_JUDGE_BACKEND = env_choice(
+    "PSYEVO_JUDGE_BACKEND", "counselor", ("counselor", "transformers", "vllm")
+)
+# The console warns that the learning loop has stalled after this many judged turns in a
+# row added no preference edge (webapp/learning/health.py).
+PSYEVO_LOOP_STALL_TURNS = env_int("PSYEVO_LOOP_STALL_TURNS", 20, minimum=1)
+PSYEVO_JUDGE_MODEL_PATH = env_str("PSYEVO_JUDGE_MODEL_PATH", "")
+PSYEVO_JUDGE_VLLM_URL = env_str("PSYEVO_JUDGE_VLLM_URL", "")
+PSYEVO_JUDGE_VLLM_MODEL = env_str("PSYEVO_JUDGE_VLLM_MODEL", "")
 PSYEVO_MAX_NEW_TOKENS = env_int("PSYEVO_MAX_NEW_TOKENS", 160, minimum=1)
 PSYEVO_TEMPERATURE = env_float("PSYEVO_TEMPERATURE", 0.9, minimum=0.0)
 PSYEVO_TURN_BUDGET = env_int("PSYEVO_TURN_BUDGET", 12, minimum=1)

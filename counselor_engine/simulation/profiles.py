@@ -40,6 +40,9 @@ class SimProfile:
     hidden_need: str
     formulation: dict[str, str] = field(hash=False)
     intent: str
+    # The presenting problem in the person's own first-person words (optional: imported
+    # profiles may lack it). The simulator anchors its messages on it and falls back to it.
+    voice: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not _ID.match(self.id):
@@ -48,6 +51,8 @@ class SimProfile:
             raise ValueError(f"modality: expected one of {MODALITIES}, got {self.modality!r}")
         for name in _TEXT_FIELDS:
             _check_text(f"{self.id}.{name}", getattr(self, name))
+        if self.voice:
+            _check_text(f"{self.id}.voice", self.voice)
         if not isinstance(self.formulation, Mapping) or not self.formulation:
             raise ValueError(f"{self.id}.formulation: expected a non-empty mapping of text")
         for key, value in self.formulation.items():
@@ -67,6 +72,7 @@ class SimProfile:
             "hidden_need": self.hidden_need,
             "formulation": dict(self.formulation),
             "intent": self.intent,
+            **({"voice": self.voice} if self.voice else {}),
         }
 
     @classmethod
@@ -81,6 +87,7 @@ class SimProfile:
             persona=data["persona"], presenting_problem=data["presenting_problem"],
             history=data["history"], hidden_need=data["hidden_need"],
             formulation=data["formulation"], intent=data["intent"],
+            voice=data.get("voice", ""),
         )  # fmt: skip
 
 

@@ -12,21 +12,36 @@ system prompt; the counselor never sees either, only the client's words.
   is read as the expectation of a single digit 0-9 and rescaled to 0-10 (digits are single
   tokens in every tokenizer; "10" is not).
 
-Choice (paper silent): an empty or whitespace-only generation (a tiny or erratic model can
-produce one) is replaced by a fixed neutral line, so a course never stalls on an empty
-message; the substitution is flagged on the turn (``fallback=True``).
+Staying in character (a small model playing a client drifts into counselor talk, other
+people's lives or the counselor's side of the script): every message is chosen, not just
+sampled (:func:`choose_message`).
+
+1. ``candidates`` messages are sampled in ONE batched call (1 by default; the simulation
+   lab asks for 3).
+2. Each is cut at the first speaker label it writes for someone else ("Counselor:", ...),
+   and refused when it reads as counselor talk (:func:`role_confusion`) or when the crisis
+   detector reads it as crisis: no built-in profile is a crisis profile, and such a
+   message would only end the turn in the safe reply and teach the loop nothing.
+3. Of the rest, the one closest in meaning to the profile's presenting problem (cosine
+   of sentence embeddings) is sent.
+4. None left: the profile's own words (``SimProfile.voice``), else a fixed neutral line;
+   flagged on the turn (``fallback=True``). An empty generation falls back the same way,
+   so a course never stalls on an empty message.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from counselor_engine import safety
 from counselor_engine.backends.base import Backend, ChatMessage, GenerationParams
 from counselor_engine.counselor import RATING_ITEMS, SessionRating, stable_seed
+from counselor_engine.embeddings import Embedder, default_embedder
 from counselor_engine.simulation.interaction import InteractionState
 from counselor_engine.simulation.profiles import SimProfile
 from counselor_engine.text import strip_control
@@ -50,6 +65,65 @@ DIGITS = tuple("0123456789")
 Role = str  # "client" | "counselor"
 
 
+# Things a counselor (or an assistant) says and a client does not: a message containing one
+# is the simulator playing the wrong side. Lower case, on the text as written.
+_COUNSELOR_TALK = re.compile(
+    r"\bhow can i (?:help|assist|support)\b|\bwhat brings you\b|\bwhat would you like to "
+    r"(?:talk|work) (?:about|on)\b|\bi'?m here (?:to|for) (?:help|listen|support|you)\b|"
+    r"\bas (?:an|your) (?:ai|assistant|counsel+or|therapist)\b|\blanguage model\b|"
+    r"\bit sounds like you\b|\btell me more about\b|\bhow (?:does|did) (?:that|this) make "
+    r"you feel\b|\bthank you for sharing\b|\byou'?re (?:safe|not alone)\b|"
+    r"\bi'?ll (?:always )?(?:take care of|be there for|look after) you\b|"
+    r"\b(?:our|this) session today\b|\bhow are you feeling today\b"
+)
+_SPEAKER = re.compile(r"(?:^|\n|\s)(?:counsel+or|therapist|assistant|user|client)\s*:", re.I)
+
+
+def role_confusion(text: str) -> str | None:
+    """Why ``text`` is not a client's line (counselor or assistant talk), or None."""
+    if text.lstrip().startswith(("(", "[")):
+        return "a stage direction, not the client's words"
+    found = _COUNSELOR_TALK.search(text.lower())
+    return f"counselor talk: {found.group(0)!r}" if found else None
+
+
+def clean_message(text: str, name: str) -> str:
+    """The client's own words: control characters out, a leading "Name:" or "Client:"
+    label dropped, and everything from the first label for another speaker cut off
+    (a small model goes on to write the counselor's turn as well)."""
+    text = strip_control(text).strip()
+    text = re.sub(rf"^(?:{re.escape(name)}|client|me)\s*:\s*", "", text, flags=re.I)
+    cut = _SPEAKER.search(text)
+    if cut is not None and cut.start() > 0:
+        text = text[: cut.start()]
+    elif cut is not None:
+        text = ""
+    return text.strip()
+
+
+def choose_message(
+    texts: Sequence[str],
+    profile: SimProfile,
+    embedder: Embedder | None,
+    *,
+    max_chars: int,
+) -> str | None:
+    """Steps 2-3 of the module docstring: the in-character message closest to the
+    profile's problem, or None when every candidate was refused. With one candidate no
+    embedding is needed (nothing to choose between)."""
+    kept = []
+    for raw in texts:
+        text = clean_message(raw, profile.name)[:max_chars].strip()
+        if not text or role_confusion(text) or safety.assess(text).is_crisis:
+            continue
+        kept.append(text)
+    if len(kept) <= 1:
+        return kept[0] if kept else None
+    vectors = (embedder or default_embedder()).embed([profile.presenting_problem, *kept])
+    similarity = vectors[1:] @ vectors[0]
+    return kept[int(similarity.argmax())]
+
+
 @cache
 def _prompt(name: str) -> str:
     return (PROMPTS / f"{name}.txt").read_text(encoding="utf-8").strip()
@@ -67,6 +141,7 @@ def render_system(profile: SimProfile, state: InteractionState) -> str:
     formulation = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in profile.formulation.items())
     return _prompt("sim_client_system").format(
         name=profile.name, persona=profile.persona, presenting_problem=profile.presenting_problem,
+        voice=profile.voice or profile.presenting_problem,
         history=profile.history, hidden_need=profile.hidden_need, formulation=formulation,
         behaviour=state.clauses(),
     )  # fmt: skip
@@ -103,6 +178,9 @@ class SimulatedClient:
         min_exchanges: int = 2,
         close_threshold: float = 0.5,
         history_turns: int = 12,
+        candidates: int = 1,
+        embedder: Embedder | None = None,
+        remind: bool = False,
     ) -> None:
         if not isinstance(profile, SimProfile):
             raise ValueError("profile: expected a SimProfile")
@@ -114,6 +192,15 @@ class SimulatedClient:
             raise ValueError("max_chars, max_new_tokens and history_turns must be >= 1")
         if not 0.0 < close_threshold <= 1.0:
             raise ValueError("close_threshold: must lie in (0, 1]")
+        if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+            raise ValueError("candidates: expected an integer >= 1")
+        self.candidates = candidates
+        self.embedder = embedder
+        self.remind = remind
+        self._reminder = (
+            f"(Answer as {profile.name}, the client, in the first person, about your own "
+            f'problem as you see it: "{profile.voice or profile.presenting_problem}")'
+        )
         self.backend = backend
         self.profile = profile
         self.state = state
@@ -140,16 +227,23 @@ class SimulatedClient:
         messages = [ChatMessage("system", system), ChatMessage("user", COUNSELOR_GREETING)]
         for role, text in transcript[-self.history_turns :]:
             messages.append(ChatMessage("assistant" if role == "client" else "user", text))
+        if self.remind and messages[-1].role == "user":
+            # A small model forgets a long system prompt by the end; the reminder sits next
+            # to where it writes (the counselor never sees it: it is the simulator's prompt).
+            last = messages[-1]
+            messages[-1] = ChatMessage("user", f"{last.content}\n\n{self._reminder}")
         return messages
 
     async def _write(
-        self, messages: list[ChatMessage], fallback: str, *parts: object
+        self, messages: list[ChatMessage], fallback: str, *parts: object, closing: bool = False
     ) -> tuple[str, bool]:
         texts = await self.backend.generate(
-            messages, n=1, params=self._params(*parts), adapter=self.adapter
+            messages, n=self.candidates, params=self._params(*parts), adapter=self.adapter
         )
-        text = strip_control(texts[0] if texts else "").strip()[: self.max_chars].strip()
-        return (text, False) if text else (fallback, True)
+        text = choose_message(texts, self.profile, self.embedder, max_chars=self.max_chars)
+        if text is not None:
+            return text, False
+        return (fallback if closing else (self.profile.voice or fallback)), True
 
     # -- the role --------------------------------------------------------------------------
     async def opening(self) -> str:
@@ -166,7 +260,11 @@ class SimulatedClient:
         closing = exchanges >= self.min_exchanges and await self._would_close(turns)
         if closing:
             text, fell_back = await self._write(
-                self._messages(turns, CLOSE_INSTRUCTION), CLOSING_FALLBACK, "close", exchanges
+                self._messages(turns, CLOSE_INSTRUCTION),
+                CLOSING_FALLBACK,
+                "close",
+                exchanges,
+                closing=True,
             )
         else:
             text, fell_back = await self._write(

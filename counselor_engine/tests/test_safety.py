@@ -372,3 +372,33 @@ def test_it_gives_concern_guidance_that_checks_safety_without_methods() -> None:
     assert "safety" in text and "988" in text
     assert "method" in text  # tells the model not to describe any
     assert "116 123" in safety.concern_guidance("en-GB")
+
+
+# -- comfort to someone else (issue 20: a simulated client's supportive line read as crisis) --
+@pytest.mark.parametrize(
+    "text",
+    [
+        "You're safe. I'll make sure you're not alone and I'll always take care of you",
+        "I'll always be there for you",
+        "Everything will be okay, I promise",
+        "I'm here for you. We will get through this together.",
+    ],
+)
+def test_comfort_to_someone_else_is_not_a_crisis(text: str) -> None:
+    result = safety.assess(text)
+    assert result.level == "none"
+    assert any(r.startswith("reassurance to someone else:") for r in result.reasons)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I will always be there for you, even when I am gone",
+        "Tell my kids I will always love them and I will be watching over them",
+        "I want to die. You are safe though, I will always be there for you",
+        "I have pills saved up. Everything will be okay.",
+        "Everything will be okay soon, you will all be better off",
+    ],
+)
+def test_comfort_with_a_goodbye_or_risk_beside_it_is_still_a_crisis(text: str) -> None:
+    assert safety.assess(text).level == "crisis"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from counselor_engine.embeddings import HashingEmbedder
 from counselor_engine.simulation.external_judge import (
     ExternalJudge,
     Item,
@@ -20,6 +22,8 @@ from counselor_engine.simulation.simulator import (
     CLOSING_FALLBACK,
     OPENING_FALLBACK,
     SimulatedClient,
+    clean_message,
+    role_confusion,
 )
 from counselor_engine.tests.fakes import FakeBackend
 
@@ -43,8 +47,54 @@ async def test_it_opens_in_character_with_the_state_clauses_and_the_profile() ->
     assert call["prompt"][-1].role == "user"  # the counselor's greeting
 
 
-async def test_it_falls_back_to_a_neutral_line_when_the_model_writes_nothing() -> None:
-    assert await sim(FakeBackend(["   "])).opening() == OPENING_FALLBACK
+async def test_it_falls_back_to_the_profiles_own_words_when_the_model_writes_nothing() -> None:
+    assert await sim(FakeBackend(["   "])).opening() == PROFILE.voice
+    bare = replace(PROFILE, voice="")
+    client = SimulatedClient(FakeBackend(["   "]), bare, STATE, seed=3)
+    assert await client.opening() == OPENING_FALLBACK
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello! How can I help you today?",
+        "It sounds like you are carrying a lot. Tell me more about that.",
+        "You're safe. I'll make sure you're not alone and I'll always take care of you.",
+        "As an AI language model, I cannot have feelings.",
+        "Counselor: What brings you here?",
+    ],
+)
+async def test_counselor_talk_is_never_sent_as_the_clients_message(text: str) -> None:
+    turn = await sim(FakeBackend([text])).reply([("client", "hi"), ("counselor", "Hello.")])
+    assert turn.text == PROFILE.voice and turn.fallback
+
+
+async def test_a_message_is_cut_where_the_model_starts_writing_the_counselors_turn() -> None:
+    backend = FakeBackend(["Maya: I reread the report four times.\nCounselor: Why is that?"])
+    assert await sim(backend).opening() == "I reread the report four times."
+
+
+async def test_of_several_candidates_the_one_about_the_profiles_problem_is_sent() -> None:
+    backend = FakeBackend(
+        ["My cat likes the garden.", "I worry before every monthly report and reread figures."]
+    )
+    client = sim(backend, candidates=2, embedder=HashingEmbedder())
+    assert await client.opening() == "I worry before every monthly report and reread figures."
+    assert backend.log[0][1]["n"] == 2  # one batched call
+
+
+async def test_a_candidate_the_crisis_detector_reads_as_crisis_is_not_sent() -> None:
+    backend = FakeBackend(["I want to kill myself tonight.", "The reports keep me up at night."])
+    client = sim(backend, candidates=2, embedder=HashingEmbedder())
+    assert await client.opening() == "The reports keep me up at night."
+
+
+def test_role_confusion_names_what_it_found() -> None:
+    assert role_confusion("I'm here to help you.") == 'counselor talk: "i\'m here to help"'
+    assert role_confusion("I keep rereading every figure, sorry.") is None
+    assert role_confusion("(Clara waits for the counselor.)") is not None
+    assert clean_message("Client: I told you: it's hard.", "Maya") == "I told you: it's hard."
+    assert clean_message("Counselor: how are you?", "Maya") == ""
 
 
 async def test_it_never_closes_before_the_minimum_and_asks_no_question_then() -> None:
@@ -104,6 +154,8 @@ def test_it_refuses_bad_construction() -> None:
         SimulatedClient(FakeBackend(), PROFILE, STATE, seed="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="close_threshold"):
         SimulatedClient(FakeBackend(), PROFILE, STATE, seed=1, close_threshold=0)
+    with pytest.raises(ValueError, match="candidates"):
+        SimulatedClient(FakeBackend(), PROFILE, STATE, seed=1, candidates=0)
 
 
 # --- external judge ---------------------------------------------------------------------------
@@ -199,3 +251,14 @@ async def test_it_refuses_non_finite_probabilities_and_empty_transcripts() -> No
         await ExternalJudge(FakeBackend()).evaluate(PROFILE, [("client", "hello")])
     with pytest.raises(ValueError, match="roles"):
         await ExternalJudge(FakeBackend()).evaluate(PROFILE, [("judge", "x")])
+
+
+async def test_the_reminder_sits_next_to_where_the_model_writes_only_when_asked() -> None:
+    backend = FakeBackend(["I reread it all."])
+    await sim(backend, remind=True).reply([("client", "hi"), ("counselor", "Go on.")])
+    last = backend.log[0][1]["prompt"][-1]
+    assert last.role == "user" and last.content.startswith("Go on.")
+    assert PROFILE.voice in last.content and "first person" in last.content
+    plain = FakeBackend(["I reread it all."])
+    await sim(plain).reply([("client", "hi"), ("counselor", "Go on.")])
+    assert plain.log[0][1]["prompt"][-1].content == "Go on."

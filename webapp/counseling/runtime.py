@@ -21,6 +21,7 @@ from counselor_engine.backends import Backend, BackendError, make_backend
 from counselor_engine.backends.base import GenerationParams, Prompt, StreamEvent
 from counselor_engine.backends.process_backend import ProcessBackend
 from counselor_engine.counselor import Counselor, CounselorConfig, stable_seed
+from counselor_engine.judge import Judge, default_evaluator, position_bias_for
 from counselor_engine.skills import PriorTable
 from webapp.counseling.models import Session
 
@@ -119,7 +120,52 @@ def _build_backend() -> Backend:
     return make_backend("transformers", model_path=path, num_threads=threads)
 
 
+def _counselor_model_name() -> str:
+    if settings.PSYEVO_BACKEND == "vllm":
+        return str(settings.PSYEVO_VLLM_MODEL)
+    from counselor_engine.models import MODEL_DIRNAME
+
+    return str(settings.PSYEVO_MODEL_PATH or MODEL_DIRNAME)
+
+
+def judge_model_name() -> str:
+    """The model the internal evaluator runs on (its name picks the "auto" evaluator)."""
+    kind = settings.PSYEVO_JUDGE_BACKEND
+    if kind == "vllm":
+        return str(settings.PSYEVO_JUDGE_VLLM_MODEL)
+    if kind == "transformers":
+        return str(settings.PSYEVO_JUDGE_MODEL_PATH)
+    return _counselor_model_name()
+
+
+def _build_judge_backend() -> Backend:
+    kind = settings.PSYEVO_JUDGE_BACKEND
+    if kind == "vllm":
+        if not (settings.PSYEVO_JUDGE_VLLM_URL and settings.PSYEVO_JUDGE_VLLM_MODEL):
+            raise BackendError(
+                "PSYEVO_JUDGE_BACKEND=vllm needs PSYEVO_JUDGE_VLLM_URL and PSYEVO_JUDGE_VLLM_MODEL"
+            )
+        return make_backend(
+            "vllm", base_url=settings.PSYEVO_JUDGE_VLLM_URL, model=settings.PSYEVO_JUDGE_VLLM_MODEL
+        )
+    if not settings.PSYEVO_JUDGE_MODEL_PATH:
+        raise BackendError("PSYEVO_JUDGE_BACKEND=transformers needs PSYEVO_JUDGE_MODEL_PATH")
+    threads = settings.PSYEVO_TORCH_THREADS or None
+    if settings.PSYEVO_MODEL_PROCESS:
+        backend = ProcessBackend(
+            "transformers",
+            {"model_path": settings.PSYEVO_JUDGE_MODEL_PATH, "num_threads": threads},
+            nice=settings.PSYEVO_MODEL_NICE,
+        )
+        backend.start()
+        return backend
+    return make_backend(
+        "transformers", model_path=settings.PSYEVO_JUDGE_MODEL_PATH, num_threads=threads
+    )
+
+
 _backend: LazyBackend | None = None
+_judge_backend: LazyBackend | None = None
 _backend_lock = threading.Lock()
 
 
@@ -132,13 +178,41 @@ def get_backend() -> LazyBackend:
         return _backend
 
 
-def reset_backend() -> None:
-    """Forget the process backend (tests switch models; operators after a config change)."""
-    global _backend
+def get_judge_backend() -> Backend:
+    """The internal evaluator's backend: the counselor's, or its own (a setting)."""
+    global _judge_backend
+    if settings.PSYEVO_JUDGE_BACKEND == "counselor":
+        return get_backend()
     with _backend_lock:
-        if _backend is not None:
-            _backend.close()
-        _backend = None
+        if _judge_backend is None:
+            _judge_backend = LazyBackend(_build_judge_backend)
+        return _judge_backend
+
+
+def make_judge() -> Judge:
+    """The internal evaluator the settings name. It always reads the base model
+    (Judge never passes an adapter), so it never grades under the adapter being trained."""
+    evaluator = settings.PSYEVO_JUDGE_EVALUATOR
+    model = judge_model_name()
+    if evaluator == "auto":
+        evaluator = default_evaluator(model)
+    bias = position_bias_for(model) if evaluator == "ab_debiased" else None
+    return Judge(
+        get_judge_backend(),
+        votes=settings.PSYEVO_JUDGE_VOTES,
+        evaluator=evaluator,
+        position_bias=bias,
+    )
+
+
+def reset_backend() -> None:
+    """Forget the process backends (tests switch models; operators after a config change)."""
+    global _backend, _judge_backend
+    with _backend_lock:
+        for backend in (_backend, _judge_backend):
+            if backend is not None:
+                backend.close()
+        _backend = _judge_backend = None
 
 
 @cache
@@ -185,7 +259,7 @@ def counselor_for(
     config = counselor_config(mode=session.mode, seed=stable_seed(session.pk, seed_key))
     if overrides:
         config = replace(config, **overrides)
-    counselor = Counselor(get_backend(), prior=prior_table(), config=config)
+    counselor = Counselor(get_backend(), prior=prior_table(), judge=make_judge(), config=config)
     version = session.adapter_version
     counselor.start_session(services.client_state(session), version.name if version else None)
     counselor.restore_turns(services.stored_turns(session).records)

@@ -60,6 +60,7 @@ from webapp.learning.models import (
 from webapp.learning.services import NotServable, active_version, servable_path
 
 log = logging.getLogger(__name__)
+SIM_CLIENT_CANDIDATES = 3
 
 STRATEGIES = ("sample", "mctsr")
 MAX_CLIENTS = 500
@@ -369,6 +370,9 @@ class Course:
                 member.profile,
                 state,
                 seed=self._seed(member, index, "client"),
+                # Three samples to choose an in-character one from (simulator.py).
+                candidates=SIM_CLIENT_CANDIDATES,
+                remind=True,  # 30% of messages on profile against 8% without (RESULTS.md)
             )
             played = await self._converse(member, session, simulator, index)
             outcome = await self._end(member, session, simulator, played)

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods
 from counselor_engine.states import ALL_SLOTS
 from webapp.accounts.access import role_required
 from webapp.accounts.models import Role, User
+from webapp.learning.health import loop_health
 from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.oversight import audit, auditlog, erasure, plots, posteriors, training
 from webapp.oversight.forms import AuditFilterForm, EraseForm, PopulationForm
@@ -102,7 +103,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         ).order_by("-created_at"),
         50,
     ).get_page(request.GET.get("page"))
-    return render(request, "oversight/runs.html", {"page": page})
+    return render(request, "oversight/runs.html", {"page": page, "health": loop_health()})
 
 
 @role_required(Role.ADMIN)

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count, Q
 
+from webapp.learning import health
 from webapp.learning.models import AdapterVersion, TrainingRun
 
 
@@ -44,6 +45,34 @@ class Command(BaseCommand):
                     (r.error or "")[:60],
                 ))  # fmt: skip
             self._table(runs)
+        self._health()
+
+    def _health(self) -> None:
+        """Learning-loop health (webapp/learning/health.py): the loop can stall silently."""
+        state = health.loop_health()
+        self.stdout.write("")
+        self.stdout.write("LEARNING LOOP (last 14 days)")
+        rows = [("DAY", "VERSION", "JUDGED", "EMPTY GRAPHS", "ORDER-CONSISTENT", "EDGES")]
+        for r in state.rows:
+            rows.append((
+                f"{r.day:%Y-%m-%d}", r.version, str(r.judged_turns),
+                f"{r.empty_graph_share:.0%}", f"{r.order_consistency:.0%}", str(r.edges),
+            ))  # fmt: skip
+        self._table(rows)
+        buffer = ", ".join(f"{m} {g} groups/{e} edges" for m, (g, e) in state.buffer.items())
+        self.stdout.write(f"buffer (available): {buffer or 'empty'}")
+        self.stdout.write(
+            f"since the last admissible batch: {health.describe(state.since_last_batch)}"
+        )
+        self.stdout.write(f"judged turns since the last edge: {state.turns_since_edge}")
+        if state.stalled:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"WARNING: the learning loop has stalled: {state.turns_since_edge} judged "
+                    f"turns without a preference edge (threshold {state.stall_turns}, "
+                    "PSYEVO_LOOP_STALL_TURNS)"
+                )
+            )
 
     def _table(self, rows: Sequence[tuple[str, ...]]) -> None:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -451,6 +451,12 @@ def _own_thread(
     return call
 
 
+def off_shared_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (ORM work on a message's path before its safety decision) on the safety
+    pool, never queued behind other sessions' work on the shared ORM thread."""
+    return _own_thread(fn, SAFETY_POOL)
+
+
 def _run_steps(steps: Sequence[Callable[[], None]]) -> None:
     for step in steps:
         try:

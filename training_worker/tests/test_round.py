@@ -61,9 +61,10 @@ def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ig
     assert set(arena["guard"]) == {"active", "candidate"}
     # Every arena candidate is checked (the tiny model's token soup may make every turn a
     # crisis turn, which has no candidates, so the count itself may be 0).
+    n = lipo_settings.LIPO["arena_candidates"]  # the counselor's N in the arena
     for side in ("active", "candidate"):
         counts = arena["guard"][side]
-        assert counts["candidates"] == 3 * counts["turns"]
+        assert counts["candidates"] == n * counts["turns"]
     assert arena["active_version"] == "base model" and arena["active"]["overall"] is not None
     assert set(arena["candidate"]) == set(arena["active"]) >= {"overall", "c_shared"}
     heldout = next(c for c in report["checks"] if c["name"] == "heldout_preference_accuracy")

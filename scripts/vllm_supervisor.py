@@ -39,7 +39,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# bin/vllm runs this file as a script, from .venv-vllm: the repository root is put on the
+# path so the one stdlib-only process helper of scripts/services.py serves both.
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from scripts.services import pid_alive  # noqa: E402
+
 DATA_DIR = Path(os.environ.get("PSYEVO_DATA_DIR", ROOT / "var"))
 DEFAULT_MODEL_PATH = DATA_DIR / "models" / "smollm2-135m-instruct"
 
@@ -119,16 +124,6 @@ def _die_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def healthy(url: str, timeout: float) -> bool:

@@ -432,12 +432,13 @@ async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kw
     )
 
 
-def _own_thread(
+def off_shared_thread(
     fn: Callable[..., Any], pool: ThreadPoolExecutor = SAFETY_POOL
 ) -> Callable[..., Any]:
-    """``fn`` on a thread of ``pool``, whose connection is closed after: a crisis must not
-    queue behind a reply's database work on the shared ORM thread, nor behind anything
-    on the default pool."""
+    """``fn`` on a thread of ``pool``, whose connection is closed after: ORM work on a
+    message's path to its safety decision (the socket's authorization, the crisis
+    transaction) must not queue behind other sessions' work on the shared ORM thread,
+    nor behind anything on the default pool."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -449,12 +450,6 @@ def _own_thread(
         return await _on(pool, run, *args, **kwargs)
 
     return call
-
-
-def off_shared_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (ORM work on a message's path before its safety decision) on the safety
-    pool, never queued behind other sessions' work on the shared ORM thread."""
-    return _own_thread(fn, SAFETY_POOL)
 
 
 def _run_steps(steps: Sequence[Callable[[], None]]) -> None:
@@ -584,7 +579,7 @@ async def _record_safe(
 ) -> services.SafeTurn:
     """The crisis transaction (message, safe reply, flag, outbox) on a thread of its own:
     never queued behind the ORM work of other sessions on the shared sync thread."""
-    return await _own_thread(services.record_safe_reply)(  # type: ignore[no-any-return]
+    return await off_shared_thread(services.record_safe_reply)(  # type: ignore[no-any-return]
         msg.session_id, text, author=msg.author, client_msg_id=msg.msg_id,
         assessment=assessment, reply=reply,
     )  # fmt: skip
@@ -835,7 +830,7 @@ def _record_superseded(session_id: int, turn: Turn, how: str) -> None:
     log.info("session %s: reply to turn %s superseded (%s)", session_id, turn.seq, how)
     keep(
         asyncio.ensure_future(
-            _own_thread(_write_superseded, NOTIFY_POOL)(session_id, turn.seq, how)
+            off_shared_thread(_write_superseded, NOTIFY_POOL)(session_id, turn.seq, how)
         )
     )
 

@@ -298,6 +298,20 @@ async def until_busy(ws: Any, view: View, seconds: float) -> bool:
     return view.busy
 
 
+def open_page(base: str, account: Any) -> Any:
+    """The chat socket of ``account``'s session on server ``base``, opened as the page
+    opens it (awaitable, or an async context manager)."""
+    from websockets.asyncio.client import connect
+
+    return connect(
+        f"{base}/ws/sessions/{account.session_id}/",
+        origin=base.replace("ws://", "http://"),  # type: ignore[arg-type]
+        additional_headers={"Cookie": account.cookie},
+        open_timeout=10,
+        ping_interval=None,
+    )
+
+
 async def client(
     index: int,
     account: Any,
@@ -310,8 +324,6 @@ async def client(
 ) -> None:
     """One chat page: send, read, reconnect and resend until the run ends. ``tab``: the
     second page of a session ("b"), whose messages interleave with the first one's."""
-    from websockets.asyncio.client import connect
-
     view = View()
     k = 0
     pending: tuple[str, str] | None = None
@@ -330,13 +342,7 @@ async def client(
         base = urls[server]
         try:
             async with asyncio.timeout(90):
-                ws = await connect(
-                    f"{base}/ws/sessions/{account.session_id}/",
-                    origin=base.replace("ws://", "http://"),  # type: ignore[arg-type]
-                    additional_headers={"Cookie": account.cookie},
-                    open_timeout=10,
-                    ping_interval=None,
-                )
+                ws = await open_page(base, account)
                 await ws.send(json.dumps({"type": "resync", "after_seq": view.last_seq}))
                 while CONTROL not in (frame := str(await ws.recv())):
                     view.absorb(frame)
@@ -414,8 +420,6 @@ async def crisis_probe(probe: Probe, stats: Stats, label: str) -> None:
     """Open the page, wait for ``probe.go``, send the crisis and time the safe reply from
     that send; after a drop, reconnect (any server that takes the socket) and resend the
     same id, as the page does. The message is counted like any other."""
-    from websockets.asyncio.client import connect
-
     msg_id, view, server = f"probe-{label.split()[0].lower()}", View(), 0
     stats.sent[msg_id] = probe.account.session_id
     stats.crisis_during[msg_id] = label
@@ -423,13 +427,7 @@ async def crisis_probe(probe: Probe, stats: Stats, label: str) -> None:
     while time.monotonic() < deadline and msg_id not in stats.crisis_answered:
         base = probe.urls[server]
         try:
-            async with connect(
-                f"{base}/ws/sessions/{probe.account.session_id}/",
-                origin=base.replace("ws://", "http://"),
-                additional_headers={"Cookie": probe.account.cookie},
-                open_timeout=10,
-                ping_interval=None,
-            ) as ws:
+            async with open_page(base, probe.account) as ws:
                 await ws.send(json.dumps({"type": "resync", "after_seq": view.last_seq}))
                 probe.ready.set()
                 await probe.go.wait()

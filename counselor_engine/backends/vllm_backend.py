@@ -394,7 +394,10 @@ def _stream_deltas(payload: str) -> list[tuple[int, str]]:
     try:
         chunk = json.loads(payload)
         if "error" in chunk:
-            raise BackendError(f"vLLM stream error: {chunk['error']}")
+            # A stream already under way reports a dead engine in-band (HTTP 200 was sent).
+            dead = any(m in str(chunk["error"]) for m in ENGINE_DEAD_MARKERS)
+            what = "its engine is dead (bin/vllm restarts it)" if dead else "error"
+            raise BackendError(f"vLLM stream {what}: {chunk['error']}")
         out = []
         for choice in chunk.get("choices", []):
             text = (choice.get("delta") or {}).get("content") or ""

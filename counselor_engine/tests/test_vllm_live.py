@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -201,27 +202,61 @@ async def test_twenty_concurrent_judge_passes_with_lora_keep_the_server_healthy(
 
 
 # -- a dead engine --------------------------------------------------------------------------
+class _EndlessReplies(VLLMBackend):
+    """The backend's own requests, asking vLLM to ignore the end-of-sequence token: a
+    reply that may end after a few words could finish before the engine is killed (it
+    did in CI), and then there is nothing in flight to fail."""
+
+    def _chat_body(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        body = super()._chat_body(*args, **kwargs)
+        body["ignore_eos"] = True
+        return body
+
+
+@pytest.fixture
+def own_server(smollm2: Path, tmp_path: Path) -> Iterator[str]:
+    """A server of its own (bin/vllm on a free port): killing its engine must not disturb
+    the server the other tests share, whatever order they run in."""
+    with vllm_server.started_server(tmp_path / "bin-vllm.log", smollm2) as url:
+        yield url
+
+
 async def test_a_dead_engine_is_a_backend_error_and_bin_vllm_brings_it_back(
-    vllm: VLLMBackend, vllm_url: str
+    own_server: str,
 ) -> None:
-    """The engine core is killed mid-reply: the request fails fast with BackendError
-    (vLLM answers 500 EngineDeadError, then refuses connections), never hangs, and the
-    supervisor starts a fresh server. Runs last in this module: the server restarts."""
-    engines = vllm_server.engine_core_pids(vllm_url)
+    """The engine core is killed while a plain and a streamed reply are being written:
+    both fail fast with BackendError (the plain one answered 500 EngineDeadError, the
+    stream told in-band), never hang; later requests fail while the server is down, and
+    the supervisor starts a fresh server that answers again."""
+    vllm = _EndlessReplies(own_server, model=vllm_server.SERVED_NAME, timeout=600.0)
+    engines = vllm_server.engine_core_pids(own_server)
     assert engines, "no engine core found"
-    long_reply = GenerationParams(max_new_tokens=400, temperature=0.9, seed=5)
-    reply = asyncio.create_task(vllm.generate(COUNSEL, n=3, params=long_reply))
-    await asyncio.sleep(2.0)
+    endless = GenerationParams(max_new_tokens=2000, temperature=0.9, seed=5)
+    plain = asyncio.create_task(vllm.generate(COUNSEL, n=3, params=endless))
+    stream = vllm.generate_stream(COUNSEL, n=1, params=endless)
+    first = await asyncio.wait_for(anext(stream), timeout=300)
+    assert isinstance(first, StreamDelta)  # both requests are in the engine's batch now
     for pid in engines:
         os.kill(pid, signal.SIGKILL)
-    with pytest.raises(BackendError, match=r"engine is dead|unreachable|answered 5"):
-        await asyncio.wait_for(reply, timeout=120)  # not the 600 s a hang would take
-    with pytest.raises(BackendError):
+
+    dead = r"engine is dead|unreachable|answered 5"
+    with pytest.raises(BackendError, match=dead):
+        await asyncio.wait_for(_drain(stream), timeout=120)  # not the 600 s a hang takes
+    with pytest.raises(BackendError, match=dead):
+        await asyncio.wait_for(plain, timeout=120)
+    with pytest.raises(BackendError, match=dead):
         await vllm.generate(COUNSEL, n=1, params=GREEDY)
 
     # The dying server may answer /health a moment longer; then the new one starts.
-    await asyncio.to_thread(vllm_server.wait_unhealthy, vllm_url, 60.0)
-    await asyncio.to_thread(vllm_server.wait_healthy, vllm_url, 600.0)
-    [again] = await vllm.generate(COUNSEL, n=1, params=GREEDY)
+    await asyncio.to_thread(vllm_server.wait_unhealthy, own_server, 60.0)
+    await asyncio.to_thread(vllm_server.wait_healthy, own_server, 600.0)
+    [again] = await VLLMBackend(own_server, model=vllm_server.SERVED_NAME).generate(
+        COUNSEL, n=1, params=GREEDY
+    )
     assert again.strip()
-    assert set(vllm_server.engine_core_pids(vllm_url)).isdisjoint(engines)
+    assert set(vllm_server.engine_core_pids(own_server)).isdisjoint(engines)
+
+
+async def _drain(stream: AsyncIterator[object]) -> None:
+    async for _ in stream:
+        pass

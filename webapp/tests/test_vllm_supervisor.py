@@ -1,11 +1,16 @@
 """scripts/vllm_supervisor.py, which bin/vllm runs: the server it starts, and its restart
-and stop logic against a stand-in server whose engine "dies" (its /health turns 500, as
-vLLM's does). The real server is in the vllm tests (test_vllm_live.py)."""
+and stop logic against a stand-in server whose engine "dies" (its /health turns 500, its
+port closes or its process exits) or is merely slow; then ``bin/vllm`` itself, run from
+a clean shell over a stand-in ``.venv-vllm`` (webapp/tests/vllm_stub.py), stopped by a
+real SIGTERM. The real server is in the vllm tests (test_vllm_live.py)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -18,6 +23,7 @@ from hypothesis import strategies as st
 
 from scripts import vllm_supervisor as sup
 from training_worker.trainer import TARGET_MODULES
+from webapp.tests.vllm_stub import ROOT, group_members, make_stub_venv, stub_model
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -200,3 +206,69 @@ def test_it_restarts_a_server_whose_engine_died_and_stops_it_on_request(
     run.stop()
     assert server.poll() is not None and not sup.pid_alive(server.pid)
     assert not pidfile.exists()
+
+
+def wait_until(what: str, ready: object, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s:\n{log.read_text()}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    "stubborn", [False, True], ids=["server-obeys-term", "server-ignores-term"]
+)
+def test_sigterm_to_bin_vllm_ends_the_server_and_its_children_within_the_grace_period(
+    tmp_path: Path, stubborn: bool
+) -> None:
+    """bin/vllm from a clean shell: it finds its install stamp, execs the supervisor, which
+    starts the (stand-in) server in a group of its own with an engine child that ignores
+    SIGTERM. One real SIGTERM to bin/vllm: it exits 0 and nothing of the group is left
+    once the grace period is over (SIGTERM to the group, SIGKILL after the grace period
+    and for strays)."""
+    from webapp.counseling.tests.browser_support import free_port
+
+    grace, port = 3.0, free_port()
+    record, log = tmp_path / "record.json", tmp_path / "bin-vllm.log"
+    env = {
+        "HOME": os.environ.get("HOME", "/root"),
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PSYEVO_VLLM_VENV": str(make_stub_venv(tmp_path / "venv-vllm")),
+        "PSYEVO_VLLM_MODEL_PATH": str(stub_model(tmp_path / "model")),
+        "PSYEVO_DATA_DIR": str(tmp_path / "data"),
+        "VLLM_PORT": str(port),
+        "STAND_IN_RECORD": str(record),
+        "STAND_IN_IGNORE_TERM": "1" if stubborn else "0",
+    }
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bin/vllm", "--grace", str(grace), "--interval", "0.5"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until("ready server", lambda: "ready in" in log.read_text(), 60, log)
+        assert "installing" not in log.read_text()  # the stamp matched: nothing installed
+        server = json.loads(record.read_text())
+        members = group_members(server["server"])
+        assert {server["server"], server["engine"]} <= members, members
+        assert proc.pid not in members  # the server's group is its own, not bin/vllm's
+        assert "--enable-lora" in server["argv"] and "lm_head" not in server["argv"]
+
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert proc.wait(timeout=grace + 15) == 0, log.read_text()
+        wait_until("empty group", lambda: not group_members(server["server"]), 5, log)
+        took = time.monotonic() - stopped
+        assert took < grace + 2.0, f"took {took:.1f} s\n{log.read_text()}"
+        if not stubborn:
+            assert took < grace, f"took {took:.1f} s\n{log.read_text()}"
+        assert not (tmp_path / "data" / "vllm" / f"{port}.json").exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if record.exists():
+            for pid in group_members(json.loads(record.read_text())["server"]):
+                os.kill(pid, signal.SIGKILL)

@@ -324,7 +324,7 @@ def test_with_vllm_and_no_url_bin_up_runs_bin_vllm_and_hands_its_url_on(
         assert "installing vLLM" not in up.output()  # the stamp matched
 
         def processes() -> dict[str, int]:
-            found = {}
+            found: dict[str, int] = {}
             for pid in descendants(up.process.pid):
                 line = cmdline(pid)
                 for name, marker in (("web", "daphne"), ("worker", "-n default@"),

@@ -7,12 +7,18 @@ needs nothing of the project's environment). It
    ``vllm`` distribution metadata, so its ``vllm`` command fails) with LoRA enabled and
    runtime adapter loading allowed, in a process group of its own;
 2. waits for ``/health`` to answer 200, then prints one ``ready`` line;
-3. polls ``/health``: when the engine core dies the API process stays up, answering 500
-   to every request, so a dead PID is not the only sign. After ``--failures`` failed
-   polls in a row (or the process exiting) the whole group is killed and a new server
-   started. Adapters loaded at run time are gone after a restart: the web side reloads
-   the active one when a request names an adapter the server does not know
-   (:class:`counselor_engine.backends.vllm_backend.VLLMBackend`);
+3. polls ``/health`` and restarts only on evidence of death: the process exiting, or
+   ``--failures`` polls in a row that were refused or answered 5xx. vLLM 0.32, when its
+   engine core dies, answers the requests in flight 500 and its ``/health`` 503, then
+   the API process exits within about 5 s (its watchdog; ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``
+   keeps it up answering 503 instead): either way one of those signs follows. A poll
+   that times out proves nothing: a busy server on two shared cores can be slow to
+   answer while it serves, and killing it would lose the requests in flight. So a timed
+   out poll counts as "unknown", and only when no poll has answered for
+   ``--unanswered-window`` seconds (a hung server) is it restarted. Then the whole group
+   is killed and a new server started. Adapters loaded at run time are gone after a
+   restart: the web side reloads the active one when a request names an adapter the
+   server does not know (:class:`counselor_engine.backends.vllm_backend.VLLMBackend`);
 4. on SIGTERM or SIGINT stops the group (SIGTERM, then SIGKILL after a grace period) and
    exits 0; also when ``PSYEVO_VLLM_PARENT_PID`` is set and that process is gone (a test
    run that was killed must not leave a server holding the cores).
@@ -126,12 +132,27 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def healthy(url: str, timeout: float) -> bool:
+OK, DEAD, UNKNOWN = "ok", "dead", "unknown"
+
+
+def probe(url: str, timeout: float) -> str:
+    """One ``/health`` poll: ``ok`` (200), ``dead`` (refused, or a 5xx: vLLM answers 503
+    once its engine is dead) or ``unknown`` (no answer in time, or anything else)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+            return OK if resp.status == 200 else UNKNOWN
+    except urllib.error.HTTPError as exc:
+        return DEAD if exc.code >= 500 else UNKNOWN
+    except urllib.error.URLError as exc:
+        return DEAD if isinstance(exc.reason, ConnectionRefusedError) else UNKNOWN
+    except ConnectionRefusedError:
+        return DEAD
+    except (OSError, ValueError):  # timeouts (TimeoutError is an OSError), resets
+        return UNKNOWN
+
+
+def healthy(url: str, timeout: float) -> bool:
+    return probe(url, timeout) == OK
 
 
 class Supervisor:
@@ -198,20 +219,32 @@ class Supervisor:
         return False
 
     def watch(self) -> str:
-        """Poll until the server dies or the supervisor is told to stop; say why."""
-        failures = 0
+        """Poll until the server dies or the supervisor is told to stop; say why.
+
+        Only evidence of death counts towards a restart (see the module docstring); a
+        poll that timed out neither counts nor clears the count of dead polls, and only
+        ``--unanswered-window`` seconds without any answer mean a hung server."""
+        dead = 0
+        answered = time.monotonic()  # the last poll that got any answer at all
         while not self.stopping:
             self._sleep(self.args.interval)
             if self.stopping:
                 break
             if self.proc is None or self.proc.poll() is not None:
                 return f"server exited ({None if self.proc is None else self.proc.returncode})"
-            if healthy(self.health_url, timeout=self.args.health_timeout):
-                failures = 0
-                continue
-            failures += 1
-            if failures >= self.args.failures:
-                return f"/health failed {failures} times in a row (engine dead)"
+            state = probe(self.health_url, timeout=self.args.health_timeout)
+            if state == OK:
+                dead = 0
+            elif state == DEAD:
+                dead += 1
+                if dead >= self.args.failures:
+                    return f"/health refused or 5xx {dead} times in a row (engine dead)"
+            else:
+                silent = time.monotonic() - answered
+                if silent >= self.args.unanswered_window:
+                    return f"/health unanswered for {silent:.0f} s (server hung)"
+            if state != UNKNOWN:
+                answered = time.monotonic()
         return "stop requested"
 
     # -- the loop -------------------------------------------------------------------------
@@ -264,7 +297,15 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--interval", type=float, default=5.0, help="seconds between health polls")
     p.add_argument("--health-timeout", type=float, default=5.0)
-    p.add_argument("--failures", type=int, default=2, help="failed polls that mean dead")
+    p.add_argument(
+        "--failures", type=int, default=2, help="refused or 5xx polls in a row that mean dead"
+    )
+    p.add_argument(
+        "--unanswered-window",
+        type=float,
+        default=float(os.environ.get("PSYEVO_VLLM_UNANSWERED_WINDOW", "300")),
+        help="seconds of /health polls timing out before a server counts as hung",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--max-failed-starts", type=int, default=3)
     p.add_argument("--grace", type=float, default=20.0, help="seconds between TERM and KILL")

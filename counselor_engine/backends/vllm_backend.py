@@ -32,10 +32,11 @@ Mapping of the protocol onto the server:
 - adapters: ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``; a request chooses
   its adapter with ``model=<adapter name>``.
 
-Every failure (refused connection, timeout, non-2xx, malformed reply) surfaces as
-:class:`BackendError`. A request is bounded by ``timeout`` seconds in all (a stream: per
-chunk), so a server that stops answering never hangs a session; a server whose engine
-died answers 500 at once and is reported as such (``bin/vllm`` then restarts it).
+Every failure (refused connection, timeout, non-2xx, malformed reply, an error chunk in
+a stream) surfaces as :class:`BackendError`. A request is bounded by ``timeout`` seconds
+in all, a stream too (from the request to ``[DONE]``), so a server that stops answering
+or trickles never hangs a session; a server whose engine died answers 500 at once and is
+reported as such (``bin/vllm`` then restarts it).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import httpx2 as httpx
@@ -108,29 +109,56 @@ class VLLMBackend(Backend):
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
     ) -> AsyncGenerator[StreamEvent, None]:
         """See :meth:`Backend.generate_stream`. Closing the generator early closes the
-        HTTP stream, which makes vLLM abort the request."""
+        HTTP stream, which makes vLLM abort the request.
+
+        The whole stream, from the request to ``[DONE]``, is bounded by ``timeout``: a
+        per-read bound alone lets a server that trickles a chunk now and then hold the
+        session for ever. The deadline is checked around each read, never across a
+        ``yield``: a timeout scope spanning a yield would cancel the consumer's code."""
+        path = "/v1/chat/completions"
         asked = _distinct_samples(n, params)
         body = self._chat_body(prompt, n=asked, params=params, adapter=adapter)
         body["stream"] = True
         texts = [""] * asked
+        deadline = asyncio.get_running_loop().time() + self.timeout
         async with self._client() as client:
             try:
-                async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-                    if resp.status_code >= 300:
-                        await resp.aread()
-                        raise self._status_error("/v1/chat/completions", resp)
-                    async for payload in _sse_data(resp):
-                        if payload == "[DONE]":
-                            yield StreamDone(texts * (n // asked))
-                            return
-                        for index, text in _stream_deltas(payload):
-                            if not 0 <= index < asked:
-                                raise BackendError(f"vLLM streamed choice {index} of {asked}")
-                            texts[index] += text
-                            if index == 0 and text:
-                                yield StreamDelta(0, text)
+                async with asyncio.timeout_at(deadline):
+                    resp = await client.send(
+                        client.build_request("POST", path, json=body), stream=True
+                    )
+            except TimeoutError as exc:
+                raise self._timeout_error(path) from exc
             except httpx.HTTPError as exc:
-                raise self._transport_error("/v1/chat/completions", exc) from exc
+                raise self._transport_error(path, exc) from exc
+            payloads = _sse_data(resp)
+            try:
+                if resp.status_code >= 300:
+                    async with asyncio.timeout_at(deadline):
+                        await resp.aread()
+                    raise self._status_error(path, resp)
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            payload = await anext(payloads)
+                    except StopAsyncIteration:
+                        break
+                    if payload == "[DONE]":
+                        yield StreamDone(texts * (n // asked))
+                        return
+                    for index, text in _stream_deltas(payload):
+                        if not 0 <= index < asked:
+                            raise BackendError(f"vLLM streamed choice {index} of {asked}")
+                        texts[index] += text
+                        if index == 0 and text:
+                            yield StreamDelta(0, text)
+            except TimeoutError as exc:
+                raise self._timeout_error(path) from exc
+            except httpx.HTTPError as exc:
+                raise self._transport_error(path, exc) from exc
+            finally:
+                await payloads.aclose()
+                await resp.aclose()
         raise BackendError("vLLM stream ended without [DONE]")
 
     async def choice_probabilities(
@@ -292,9 +320,7 @@ class VLLMBackend(Backend):
             async with asyncio.timeout(self.timeout), self._client() as client:
                 resp = await client.post(path, json=body)
         except TimeoutError as exc:
-            raise BackendError(
-                f"vLLM at {self.base_url}{path} timed out after {self.timeout} s"
-            ) from exc
+            raise self._timeout_error(path) from exc
         except httpx.HTTPError as exc:
             raise self._transport_error(path, exc) from exc
         if resp.status_code >= 300:
@@ -310,9 +336,12 @@ class VLLMBackend(Backend):
         except ValueError as exc:
             raise BackendError(f"vLLM {path}: reply is not JSON") from exc
 
+    def _timeout_error(self, path: str) -> BackendError:
+        return BackendError(f"vLLM at {self.base_url}{path} timed out after {self.timeout} s")
+
     def _transport_error(self, path: str, exc: Exception) -> BackendError:
         if isinstance(exc, httpx.TimeoutException):
-            return BackendError(f"vLLM at {self.base_url}{path} timed out after {self.timeout} s")
+            return self._timeout_error(path)
         return BackendError(f"vLLM at {self.base_url}{path} unreachable: {exc!r}")
 
     @staticmethod
@@ -376,7 +405,7 @@ def _messages(prompt: Prompt) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content} for m in prompt]
 
 
-async def _sse_data(resp: httpx.Response) -> AsyncIterator[str]:
+async def _sse_data(resp: httpx.Response) -> AsyncGenerator[str, None]:
     """The ``data:`` payloads of a server-sent event stream (multi-line data joined)."""
     lines: list[str] = []
     async for line in resp.aiter_lines():
@@ -394,10 +423,7 @@ def _stream_deltas(payload: str) -> list[tuple[int, str]]:
     try:
         chunk = json.loads(payload)
         if "error" in chunk:
-            # A stream already under way reports a dead engine in-band (HTTP 200 was sent).
-            dead = any(m in str(chunk["error"]) for m in ENGINE_DEAD_MARKERS)
-            what = "its engine is dead (bin/vllm restarts it)" if dead else "error"
-            raise BackendError(f"vLLM stream {what}: {chunk['error']}")
+            raise _stream_error(chunk["error"])
         out = []
         for choice in chunk.get("choices", []):
             text = (choice.get("delta") or {}).get("content") or ""
@@ -405,3 +431,20 @@ def _stream_deltas(payload: str) -> list[tuple[int, str]]:
         return out
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BackendError(f"vLLM stream chunk malformed: {payload[:200]!r}") from exc
+
+
+def _stream_error(error: Any) -> BackendError:
+    """vLLM cannot change a stream's status once it has sent 200: a request that fails
+    mid-stream (its engine died, or this request broke) ends with one
+    ``data: {"error": {"message", "type", "code"}}`` chunk, then ``[DONE]``."""
+    if isinstance(error, dict):
+        message = str(error.get("message") or error)
+        kind = f"{error.get('type') or 'error'} {error.get('code') or ''}".strip()
+    else:
+        message, kind = str(error), "error"
+    if any(m in message for m in ENGINE_DEAD_MARKERS):
+        return BackendError(
+            f"vLLM stream failed ({kind}): its engine is dead (bin/vllm restarts it): "
+            f"{message[:300]}"
+        )
+    return BackendError(f"vLLM stream failed ({kind}): {message[:500]}")

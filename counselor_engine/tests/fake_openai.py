@@ -73,6 +73,9 @@ class FakeState:
     top_logprobs_override: dict[str, float] | None = None  # replaces choice_logprobs
     ignore_logprob_token_ids: bool = False  # behave like a server older than vLLM 0.32
     stall_stream_after: int | None = None  # chunks sent before the stream stops moving
+    trickle_stream_s: float | None = None  # stream a chunk per this many seconds, for ever
+    # (chunks sent, message): after that many chunks, vLLM's mid-stream error chunk, [DONE]
+    stream_error_after: tuple[int, str] | None = None
     fail_status: int | None = None  # answer every request with this status
     fail_message: str = "injected failure"
     dribble_s: float | None = None  # send JSON replies one byte per this many seconds
@@ -198,6 +201,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if state.stall_stream_after is not None and sent >= state.stall_stream_after:
                     state.stop.wait(30)  # stop moving; the client's read timeout must fire
                     return
+                if state.stream_error_after is not None and sent >= state.stream_error_after[0]:
+                    self._stream_error(state.stream_error_after[1])
+                    return
                 text = words[step] if step == 0 else " " + words[step]
                 chunk = {
                     "object": "chat.completion.chunk",
@@ -207,6 +213,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
                 sent += 1
+        while state.trickle_stream_s is not None:  # always moving, never done
+            if state.stop.wait(state.trickle_stream_s):
+                return
+            chunk = {"object": "chat.completion.chunk", "model": model,
+                     "choices": [{"index": 0, "delta": {"content": "."}}]}  # fmt: skip
+            try:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            except OSError:  # the client gave up
+                return
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _stream_error(self, message: str) -> None:
+        """What vLLM 0.32 sends when a request fails after its 200: one error chunk in its
+        ErrorResponse shape, then [DONE] (entrypoints/openai/chat_completion/serving.py)."""
+        error = {"message": message, "type": "InternalServerError", "param": None, "code": 500}
+        self.wfile.write(f"data: {json.dumps({'error': error})}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -273,3 +274,39 @@ async def test_a_stream_that_stalls_times_out(
         async for event in backend.generate_stream(chat_prompt, n=1, params=PARAMS):
             seen.append(event)
     assert seen and all(isinstance(e, StreamDelta) for e in seen)
+
+
+async def test_a_stream_that_trickles_is_bounded_in_all(
+    fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    """A chunk every 0.1 s never trips a per-read bound of 0.5 s; the stream's total
+    deadline (the backend's timeout) must still end it, within a few seconds."""
+    fake_openai.state.trickle_stream_s = 0.1
+    backend = VLLMBackend(fake_openai.url, model=BASE_MODEL, timeout=0.5)
+    seen: list[object] = []
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"timed out after 0\.5 s"):
+        async with asyncio.timeout(10):  # the bound under test, not this one, must fire
+            async for event in backend.generate_stream(chat_prompt, n=1, params=PARAMS):
+                seen.append(event)
+    assert time.monotonic() - started < 3.0
+    assert len(seen) >= 3 and all(isinstance(e, StreamDelta) for e in seen)
+
+
+async def test_an_error_chunk_mid_stream_is_a_backend_error_naming_it(
+    fake_openai: FakeOpenAIServer, chat_prompt: list[ChatMessage]
+) -> None:
+    """vLLM has sent 200 before a request fails, so it reports the failure as a
+    ``data: {"error": ...}`` chunk followed by [DONE]: never a StreamDone."""
+    fake_openai.state.stream_error_after = (2, "EngineDeadError: EngineCore encountered an issue.")
+    backend = VLLMBackend(fake_openai.url, model=BASE_MODEL, timeout=5.0)
+    seen: list[object] = []
+    with pytest.raises(BackendError, match=r"engine is dead.*EngineCore encountered an issue"):
+        async for event in backend.generate_stream(chat_prompt, n=1, params=PARAMS):
+            seen.append(event)
+    assert len(seen) == 2 and all(isinstance(e, StreamDelta) for e in seen)
+
+    fake_openai.state.stream_error_after = (0, "Internal server error")
+    with pytest.raises(BackendError, match=r"InternalServerError 500.*Internal server error"):
+        async for _ in backend.generate_stream(chat_prompt, n=1, params=PARAMS):
+            pass

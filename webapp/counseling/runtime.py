@@ -145,8 +145,14 @@ def _build_judge_backend() -> Backend:
             raise BackendError(
                 "PSYEVO_JUDGE_BACKEND=vllm needs PSYEVO_JUDGE_VLLM_URL and PSYEVO_JUDGE_VLLM_MODEL"
             )
+        # The same bound as the counselor's server: without it a judge server that stops
+        # answering held a turn for the backend's own 30 s default per request, whatever
+        # the operator configured.
         return make_backend(
-            "vllm", base_url=settings.PSYEVO_JUDGE_VLLM_URL, model=settings.PSYEVO_JUDGE_VLLM_MODEL
+            "vllm",
+            base_url=settings.PSYEVO_JUDGE_VLLM_URL,
+            model=settings.PSYEVO_JUDGE_VLLM_MODEL,
+            timeout=float(settings.PSYEVO_BACKEND_TIMEOUT),
         )
     if not settings.PSYEVO_JUDGE_MODEL_PATH:
         raise BackendError("PSYEVO_JUDGE_BACKEND=transformers needs PSYEVO_JUDGE_MODEL_PATH")

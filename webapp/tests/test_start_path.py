@@ -43,6 +43,7 @@ from websockets.asyncio.client import connect
 
 from webapp.counseling.tests.browser_support import CHROMIUM, chromium, free_port
 from webapp.tests.live_http import Web
+from webapp.tests.vllm_stub import group_members, make_stub_venv, stub_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -199,7 +200,9 @@ async def one_turn(base_ws: str, session_id: int, web: Web) -> str:
     ) as ws:
         await ws.send(json.dumps({"type": "resync", "after_seq": -1}))
         await ws.send(
-            json.dumps({"type": "message", "text": "I feel tense before work", "client_msg_id": "m1"})
+            json.dumps(
+                {"type": "message", "text": "I feel tense before work", "client_msg_id": "m1"}
+            )
         )
         async with asyncio.timeout(240):
             while True:
@@ -216,8 +219,11 @@ def test_bin_up_starts_serves_a_turn_and_stops_from_a_clean_shell(up: Up) -> Non
     assert report is not None and report["status"] == "ok", report
     up.wait_for(
         "both Celery workers ready",
-        lambda: "default@" in up.output() and "training@" in up.output()
-        and up.output().count(" ready.") >= 2,
+        lambda: (
+            "default@" in up.output()
+            and "training@" in up.output()
+            and up.output().count(" ready.") >= 2
+        ),
     )
     output = up.output()
     assert "not found" not in output, output[-4000:]
@@ -274,6 +280,92 @@ def test_in_production_bin_up_creates_no_account_and_prints_no_password(
     )
     with psycopg.connect(shlex.split(exports["DATABASE_URL"])[0]) as conn:
         assert conn.execute("SELECT count(*) FROM accounts_user").fetchone() == (0,)
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(
+        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+    )
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def test_with_vllm_and_no_url_bin_up_runs_bin_vllm_and_hands_its_url_on(
+    launch: Callable[..., Up], tmp_path: Path
+) -> None:
+    """``PSYEVO_BACKEND=vllm`` without ``PSYEVO_VLLM_URL``: bin/up writes a Procfile with a
+    ``vllm: bin/vllm`` process (here over a stand-in .venv-vllm, webapp/tests/vllm_stub.py),
+    gives the web and every worker the URL of that server, and Ctrl-C leaves nothing of
+    it behind: not the supervisor, not the server, not the server's engine child (which
+    ignores SIGTERM, as only a stop of the whole group ends it)."""
+    vllm_port, record = free_port(), tmp_path / "vllm-server.json"
+    vllm_url = f"http://127.0.0.1:{vllm_port}"
+    up = launch(
+        PSYEVO_BACKEND="vllm",
+        PSYEVO_VLLM_VENV=str(make_stub_venv(tmp_path / "venv-vllm")),
+        PSYEVO_VLLM_MODEL_PATH=str(stub_model(tmp_path / "vllm-model")),
+        VLLM_PORT=str(vllm_port),
+        STAND_IN_RECORD=str(record),
+    )
+    try:
+        up.wait_for("the vLLM server's /health", lambda: _answers(f"{vllm_url}/health"))
+        server = json.loads(record.read_text())
+        procfile = (up.data_dir / "Procfile.vllm").read_text().splitlines()
+        plain = (ROOT / "Procfile").read_text().splitlines()
+        assert procfile == [*plain, "vllm: bin/vllm"], procfile
+        assert "installing vLLM" not in up.output()  # the stamp matched
+
+        def processes() -> dict[str, int]:
+            found: dict[str, int] = {}
+            for pid in descendants(up.process.pid):
+                line = cmdline(pid)
+                for name, marker in (("web", "daphne"), ("worker", "-n default@"),
+                                     ("training", "-n training@"), ("beat", " beat "),
+                                     ("vllm", "vllm_supervisor.py")):  # fmt: skip
+                    if marker in line and "sh -c" not in line:
+                        found.setdefault(name, pid)
+            return found
+
+        up.wait_for("all five processes", lambda: len(processes()) == 5)
+        for name, pid in processes().items():
+            if name == "vllm":
+                continue
+            env = environ(pid)
+            assert env.get("PSYEVO_VLLM_URL") == vllm_url, (name, env.get("PSYEVO_VLLM_URL"))
+            assert env.get("PSYEVO_BACKEND") == "vllm", name
+
+        # Ctrl-C: bin/up (honcho) stops every process; bin/vllm's whole server group goes.
+        started = descendants(up.process.pid) | group_members(server["server"])
+        assert {server["server"], server["engine"]} <= started
+        up.process.send_signal(signal.SIGTERM)
+        up.process.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {pid: cmdline(pid) for pid in started if alive(pid)}
+        assert not left, f"left behind: {left}\n" + up.output()[-3000:]
+        assert not group_members(server["server"])
+    finally:
+        if record.exists():
+            for pid in group_members(json.loads(record.read_text())["server"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 # Installed before any page script: every text the status line shows, in order, so a test

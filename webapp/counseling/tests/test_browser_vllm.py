@@ -1,6 +1,9 @@
 """One client session in a real browser with the production engine: Daphne started here
 with ``PSYEVO_BACKEND=vllm`` in graph mode (the paper's: N candidates, the judge, the
-SOCA graph, the deepest delivered) against the real vLLM server of the vllm tests."""
+SOCA graph, the deepest delivered) against the real vLLM server of the vllm tests.
+
+A run of the vllm tests skips nothing: without the system Chromium this test fails (the
+default suite's browser tests, which a machine without Chromium may lack, still skip)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from playwright.sync_api import expect
 
 from counselor_engine.tests import vllm_server
 from webapp.counseling.models import Session, Turn
-from webapp.counseling.tests.browser_support import CHROMIUM, orm, run_daphne, server_env
+from webapp.counseling.tests import browser_support
+from webapp.counseling.tests.browser_support import orm, run_daphne, server_env
 from webapp.counseling.tests.test_browser import (  # the same page steps as the other tests
     browser,
     db_transcript,
@@ -27,11 +31,25 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no system Chromium at {CHROMIUM}"),
     pytest.mark.timeout(900),
 ]
 
 TURN_WAIT_MS = 600_000  # a judged turn on 2 shared cores: ~20 s alone, minutes when busy
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _chromium_present(request: pytest.FixtureRequest) -> None:
+    """Session-scoped, so it runs before the (session-scoped) vLLM server fixture: a run
+    that cannot drive a browser fails at once instead of starting a server first."""
+    chromium = browser_support.CHROMIUM
+    if chromium.exists():
+        return
+    if "vllm" in (request.config.getoption("markexpr", "") or ""):
+        pytest.fail(
+            f"no system Chromium at {chromium}: a run of the vllm tests skips nothing "
+            "(bin/test installs it with apt-get install chromium)"
+        )
+    pytest.skip(f"no system Chromium at {chromium}")
 
 
 @pytest.fixture

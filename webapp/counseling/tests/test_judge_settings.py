@@ -3,6 +3,11 @@ on its own backend; it never reads an adapter."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
 import pytest
 
 from counselor_engine.backends import BackendError
@@ -63,6 +68,34 @@ async def test_a_judge_server_without_its_url_is_a_backend_error(settings, fresh
     with pytest.raises(BackendError, match="PSYEVO_JUDGE_VLLM_URL"):
         await runtime.get_judge_backend().get()  # type: ignore[attr-defined]
     assert runtime.judge_model_name() == "some-judge"
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections (kernel backlog) but never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield int(s.getsockname()[1])
+
+
+async def test_a_judge_server_gets_the_configured_timeout(
+    settings, fresh_backends, silent_port: int
+) -> None:  # type: ignore[no-untyped-def]
+    """PSYEVO_BACKEND_TIMEOUT bounds the judge's server as it bounds the counselor's: a
+    judge server that never answers is a BackendError after that long, not after the
+    backend's own default."""
+    settings.PSYEVO_BACKEND_TIMEOUT = 0.5
+    settings.PSYEVO_JUDGE_BACKEND = "vllm"
+    settings.PSYEVO_JUDGE_VLLM_URL = f"http://127.0.0.1:{silent_port}"
+    settings.PSYEVO_JUDGE_VLLM_MODEL = "some-judge"
+    backend = await runtime.get_judge_backend().get()  # type: ignore[attr-defined]
+    assert backend.timeout == 0.5
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"timed out after 0\.5 s"):
+        async with asyncio.timeout(10):
+            await backend.choice_probabilities([[ChatMessage("user", "A or B?")]], ("A", "B"))
+    assert time.monotonic() - started < 5.0
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from django.db import connection as db_connection
 
 from counselor_engine import safety
 from counselor_engine.backends import BackendError
+from counselor_engine.backends.adapter_files import AdapterRefused
 from counselor_engine.counselor import (
     Counselor,
     DoneEvent,
@@ -707,6 +708,21 @@ async def _answer_in_order(
         return
 
 
+async def load_pinned_adapter(version: AdapterVersion) -> None:
+    """Verify ``version``'s files and load exactly the verified bytes into the backend.
+
+    :func:`servable_path` checks the approved digest and writes the bytes into a
+    snapshot; the backend gets that digest too, so an in-process loader hashes the
+    snapshot again right before reading it (a change in between raises
+    :class:`AdapterRefused`, nothing is loaded). A vLLM server reads the path itself,
+    from the shared store (see ``VLLMBackend.load_adapter`` for what holds there).
+    Raises :class:`NotServable` (never approved, or the files changed) or
+    :class:`AdapterRefused`; other :class:`BackendError` s are the backend's."""
+    shared = settings.PSYEVO_BACKEND == "vllm"
+    path = await database_sync_to_async(servable_path)(version, shared=shared)
+    await get_backend().load_adapter(version.name, str(path), sha256=version.approved_sha256)
+
+
 async def _answer(
     session_id: int,
     turn: Turn,
@@ -755,16 +771,14 @@ async def _answer_flight(
         return
     if version is not None:
         try:
-            path = await database_sync_to_async(servable_path)(version)
-        except NotServable as exc:
+            await load_pinned_adapter(version)
+        except (NotServable, AdapterRefused) as exc:
             # Never fall back silently: the session is pinned to a version a clinician
             # approved, and files that no longer match it must not serve anyone.
             log.critical("session %s: adapter refused: %s", session_id, exc)
             yield Failed(turn.seq, "adapter_refused",
                          "The counselor is unavailable right now. Your message is kept.", retry)  # fmt: skip
             return
-        try:
-            await get_backend().load_adapter(version.name, str(path))
         except BackendError as exc:  # the engine then answers with an error event
             log.warning("session %s: cannot load %s: %s", session_id, version.name, exc)
     reply_seq = turn.seq + 1

@@ -384,7 +384,8 @@ class _ChildServer:
                 result = await getattr(self.backend, method)(prompts, other, adapter=adapter)
             elif method == "load_adapter":
                 name, path, sha256 = args
-                result = await self.backend.load_adapter(name, path, sha256=sha256)
+                await self.backend.load_adapter(name, path, sha256=sha256)
+                result = None
             else:
                 result = await getattr(self.backend, method)(*args)
             self.send("result", call_id, result)

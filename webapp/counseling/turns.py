@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import secrets
@@ -55,7 +56,7 @@ from counselor_engine.counselor import (
 )
 from counselor_engine.counselor import SessionRating as Rating
 from counselor_engine.text import strip_control
-from webapp.counseling import services
+from webapp.counseling import services, spool
 from webapp.counseling.models import Turn
 from webapp.counseling.runtime import counselor_for, get_backend
 from webapp.learning.models import AdapterVersion
@@ -556,6 +557,7 @@ async def client_message(
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
     _dispatch_later(dispatch)
+    _replay_spool_soon()
     yield Stored(turn, created)
     async for event in _answer_in_order(msg.session_id, turn, assessment, overrides):
         yield event
@@ -598,7 +600,11 @@ async def _crisis(
         # the reply and the flag are held here and written when storage returns.
         log.critical("session %s: crisis message held, storage down: %s", msg.session_id, exc)
         yield Replied(_unsaved_reply(reply))
-        keep(asyncio.ensure_future(_write_when_storage_returns(msg, text, assessment, reply)))
+        # Spooled under a message id, so that a replay and this task store it once.
+        held = (
+            msg if msg.msg_id else dataclasses.replace(msg, msg_id=f"held-{secrets.token_hex(8)}")
+        )
+        keep(asyncio.ensure_future(_write_when_storage_returns(held, text, assessment, reply)))
         return
     except Exception:
         # Anything else (a session gone, a bug): the person still gets the safe reply.
@@ -614,6 +620,7 @@ async def _crisis(
     yield Stored(safe.message, safe.message_created)
     yield Replied(safe.reply)
     _dispatch_later(safe.dispatch)
+    _replay_spool_soon()
 
 
 async def _write_when_storage_returns(
@@ -621,7 +628,11 @@ async def _write_when_storage_returns(
 ) -> None:
     """Write a crisis held in memory (message, safe reply, flag, outbox) once PostgreSQL
     answers again, then send the flag's notifications. Idempotent per message id, like a
-    resend. Held in this process only: the log names the session if it dies first."""
+    resend. Spooled to disk first (:mod:`webapp.counseling.spool`): if this process dies
+    before storage returns, the next successful write in any process sharing the spool,
+    or the next process start, writes it."""
+    record = spool.as_record(msg.session_id, msg.author, msg.msg_id, text, assessment, reply)
+    name = await _on(NOTIFY_POOL, spool.hold, record)
     delay, longest = HOLD_RETRY_SECONDS
     while True:
         await asyncio.sleep(delay)
@@ -633,10 +644,20 @@ async def _write_when_storage_returns(
             continue
         except services.SessionError as exc:
             log.critical("session %s: held crisis not written: %s", msg.session_id, exc.code)
+            await _on(NOTIFY_POOL, spool.release, name)
             return
         log.warning("session %s: held crisis written (turn %s)", msg.session_id, safe.message.seq)
+        await _on(NOTIFY_POOL, spool.release, name)
         await _on(NOTIFY_POOL, _run_steps, safe.dispatch)
+        _replay_spool_soon()
         return
+
+
+def _replay_spool_soon() -> None:
+    """After a successful write: crises spooled by a process that died (or by this one,
+    whose task gave up) are written now, off the event loop."""
+    if spool.pending():
+        keep(asyncio.ensure_future(off_shared_thread(spool.replay, NOTIFY_POOL)()))
 
 
 async def _open_turns(session_id: int) -> list[Turn] | None:

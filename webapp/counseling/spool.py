@@ -150,7 +150,11 @@ def replay() -> int:
                     path.rename(path.with_suffix(".bad"))
                 continue
             try:
-                author = User.objects.filter(pk=record.author_id).first()
+                author = (
+                    User.objects.filter(pk=record.author_id).first()
+                    if record.author_id is not None
+                    else None
+                )
                 safe = services.record_safe_reply(
                     record.session_id, record.text, author=author,
                     client_msg_id=record.client_msg_id, assessment=record.assessment,

@@ -20,6 +20,13 @@ def _fast_password_hasher(settings):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(autouse=True)
+def _private_crisis_spool(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """Crises held with PostgreSQL down are spooled to disk and replayed by any process
+    sharing the folder: a test's records must never reach another test database."""
+    settings.CRISIS_SPOOL_DIR = tmp_path / "crisis-spool"
+
+
+@pytest.fixture(autouse=True)
 def _fresh_channel_layer():  # type: ignore[no-untyped-def]
     """Give each test its own (real, Redis) channel layer instance.
 

@@ -74,8 +74,8 @@ class TimedBackend:
     ) -> Any:
         return await self._timed(self.inner.sequence_logprobs(prompts, responses, **kw))
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        await self.inner.load_adapter(name, path)
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        await self.inner.load_adapter(name, path, sha256=sha256)
 
     async def unload_adapter(self, name: str) -> None:
         await self.inner.unload_adapter(name)

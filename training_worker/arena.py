@@ -66,6 +66,9 @@ class ArenaSpec:
     active_name: str | None
     candidate_path: Path
     candidate_name: str
+    # The active version's approved digest: the backend hashes its snapshot again right
+    # before loading it (``servable_path`` wrote it from verified bytes).
+    active_sha256: str = ""
 
 
 def profiles(count: int) -> list[Any]:
@@ -127,7 +130,7 @@ async def _play(
     backend = make_backend("transformers", model_path=str(spec.model_path))
     await backend.load_adapter(CANDIDATE, str(spec.candidate_path))
     if spec.active_path is not None:
-        await backend.load_adapter(ACTIVE, str(spec.active_path))
+        await backend.load_adapter(ACTIVE, str(spec.active_path), sha256=spec.active_sha256)
     counselor = CounselorConfig(
         n_candidates=config.candidates,
         generation=GenerationParams(max_new_tokens=config.max_new_tokens, temperature=0.9),

@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from counselor_engine.backends.adapter_files import verify_adapter
 from training_worker.arena import ArenaConfig, ArenaSpec
 from training_worker.trainer import LipoTrainer, StepStats, TrainConfig, TrainGroup, to_edges
 from training_worker.validation import ValidationConfig, validate
@@ -294,6 +295,9 @@ def _execute(fence: Fence, progress: Progress) -> str:
 
     clock.enter("load")
     parent_path = servable_path(parent) if parent is not None else None
+    if parent is not None and parent_path is not None:
+        # The trainer reads the snapshot again: hash it right before (issue 18).
+        verify_adapter(parent.name, parent_path, parent.approved_sha256)
     config = train_config(run.config.get("loss"))
     trainer = LipoTrainer(model_path(), parent=parent_path, config=config)
     prepared = trainer.prepare(groups)
@@ -360,6 +364,7 @@ def arena_spec(candidate: AdapterVersion, path: Path) -> ArenaSpec:
         active_name=active.name if active is not None else None,
         candidate_path=path,
         candidate_name=candidate.name,
+        active_sha256=active.approved_sha256 if active is not None else "",
     )
 
 

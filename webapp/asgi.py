@@ -16,12 +16,14 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from webapp.accounts.mfa import MfaScopeMiddleware  # noqa: E402
+from webapp.counseling import spool  # noqa: E402
 from webapp.counseling.consumers import warm_crisis_model  # noqa: E402
 from webapp.crypto import warn_if_development_key  # noqa: E402
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 
 warn_if_development_key()
 warm_crisis_model()  # only the servers: workers import the consumers module too
+spool.replay_at_start()  # crises a previous process held when it died
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,

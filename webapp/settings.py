@@ -352,6 +352,8 @@ HEALTHZ_TIMEOUT_SECONDS = env_float("HEALTHZ_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 ADAPTER_DIR = Path(
     env_str("PSYEVO_ADAPTER_DIR", str(DATA_DIR / "adapters")) or DATA_DIR / "adapters"
 )
+# Crisis messages held while PostgreSQL is down, until written (webapp/counseling/spool.py).
+CRISIS_SPOOL_DIR = DATA_DIR / "crisis-spool"
 
 # --- LiPO training rounds (read by webapp.learning and training_worker) -------------------
 LIPO = {

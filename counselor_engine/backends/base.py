@@ -95,8 +95,13 @@ class Backend(Protocol):
         tokens only; the prompt is masked out)."""
         ...
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        """Make a LoRA adapter servable under ``name`` (idempotent)."""
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        """Make a LoRA adapter servable under ``name`` (idempotent).
+
+        ``sha256`` (optional): the approved digest of the folder's files
+        (:func:`~counselor_engine.backends.adapter_files.files_digest`). A backend that
+        reads the files itself checks it right before reading and raises
+        :class:`~counselor_engine.backends.adapter_files.AdapterRefused` on a mismatch."""
         ...
 
     async def unload_adapter(self, name: str) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .adapter_files import AdapterRefused
 from .base import (
     Backend,
     BackendError,
@@ -84,7 +85,8 @@ class ProcessBackend(Backend):
         self._process: multiprocessing.process.BaseProcess | None = None
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
-        self._adapters: dict[str, str] = {}  # replayed into a restarted child
+        # name -> (path, sha256), replayed into a restarted child
+        self._adapters: dict[str, tuple[str, str]] = {}
         _LIVE.add(self)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -249,9 +251,9 @@ class ProcessBackend(Backend):
             "sequence_logprobs", [list(p) for p in prompts], list(responses), adapter
         )
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        await self._call("load_adapter", name, path)
-        self._adapters[name] = path
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        await self._call("load_adapter", name, path, sha256)
+        self._adapters[name] = (path, sha256)
 
     async def unload_adapter(self, name: str) -> None:
         await self._call("unload_adapter", name)
@@ -265,6 +267,8 @@ def _unwrap(kind: str, payload: tuple[Any, ...]) -> Any:
         exc_type, message = payload
         if exc_type == "ValueError":
             raise ValueError(message)
+        if exc_type == "AdapterRefused":
+            raise AdapterRefused(message)
         raise BackendError(message)
     if kind == "lost":
         raise BackendError(payload[0])
@@ -282,7 +286,11 @@ def _stop_children() -> None:
 
 # -- the child --------------------------------------------------------------------------------
 def _child_main(
-    conn: Connection, kind: str, kwargs: dict[str, Any], nice: int, adapters: dict[str, str]
+    conn: Connection,
+    kind: str,
+    kwargs: dict[str, Any],
+    nice: int,
+    adapters: dict[str, tuple[str, str]],
 ) -> None:
     """Entry point of the child: build the backend, then serve calls until the pipe closes."""
     if nice:
@@ -293,8 +301,13 @@ def _child_main(
 
         backend = make_backend(kind, **kwargs)
         loop = asyncio.new_event_loop()
-        for name, path in adapters.items():
-            loop.run_until_complete(backend.load_adapter(name, path))
+        for name, (path, sha256) in adapters.items():
+            try:
+                loop.run_until_complete(backend.load_adapter(name, path, sha256=sha256))
+            except AdapterRefused as exc:
+                # Changed since it was loaded: not replayed (a later load_adapter call,
+                # from freshly verified bytes, loads it again); the model still starts.
+                log.error("model process: adapter not reloaded: %s", exc)
     except BaseException as exc:  # reported to the parent, which raises BackendError
         with contextlib.suppress(OSError):
             conn.send(("error", 0, f"{type(exc).__name__}: {exc}"))
@@ -369,6 +382,10 @@ class _ChildServer:
             elif method in ("choice_probabilities", "sequence_logprobs"):
                 prompts, other, adapter = args
                 result = await getattr(self.backend, method)(prompts, other, adapter=adapter)
+            elif method == "load_adapter":
+                name, path, sha256 = args
+                await self.backend.load_adapter(name, path, sha256=sha256)
+                result = None
             else:
                 result = await getattr(self.backend, method)(*args)
             self.send("result", call_id, result)
@@ -376,6 +393,8 @@ class _ChildServer:
             return
         except ValueError as exc:
             self.send("error", call_id, "ValueError", str(exc))
+        except AdapterRefused as exc:  # its own type: the caller refuses the version
+            self.send("error", call_id, "AdapterRefused", str(exc))
         except Exception as exc:  # every other failure is a backend failure for the caller
             message = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
             self.send("error", call_id, "BackendError", message)

@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Stop
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.streamers import BaseStreamer
 
+from .adapter_files import verify_adapter
 from .base import (
     Backend,
     BackendError,
@@ -503,8 +504,8 @@ class TransformersBackend(Backend):
             self._logprobs_blocking, list(prompts), list(responses), adapter
         )
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        await asyncio.to_thread(self._load_adapter_blocking, name, str(path))
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        await asyncio.to_thread(self._load_adapter_blocking, name, str(path), sha256)
 
     async def unload_adapter(self, name: str) -> None:
         await asyncio.to_thread(self._unload_adapter_blocking, name)
@@ -704,7 +705,17 @@ class TransformersBackend(Backend):
             )
         return [float(v) for v in values.cpu()]
 
-    def _load_adapter_blocking(self, name: str, path: str) -> None:
+    def _load_adapter_blocking(self, name: str, path: str, sha256: str = "") -> None:
+        """Load (or replace) adapter ``name`` from ``path``.
+
+        With ``sha256``, the folder is hashed again right before peft reads it, under the
+        gate, and a mismatch is refused (:class:`AdapterRefused`) with nothing loaded: the
+        caller verified the files and wrote them into a snapshot, and a change to that
+        snapshot since then must not be served. What remains is the moment between this
+        hash and peft's own read, which only the owner of a private (0700) snapshot
+        folder can use (``webapp.learning.services.servable_path``). A repeated load of
+        the same name and path reads nothing: the weights in memory are the ones that
+        were checked when first loaded."""
         from peft import PeftModel
 
         if not (Path(path) / "adapter_config.json").is_file():
@@ -712,6 +723,8 @@ class TransformersBackend(Backend):
         with self._gate.hold(_ALL_ADAPTERS, exclusive=True):
             if self._adapters.get(name) == path:
                 return  # idempotent (checked under the gate: two loads may race here)
+            if sha256:
+                verify_adapter(name, path, sha256)
             try:
                 if name in self._adapters:  # same name, new weights: replace
                     self._delete_adapter_locked(name)

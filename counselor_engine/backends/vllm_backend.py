@@ -182,7 +182,22 @@ class VLLMBackend(Backend):
             )
         )
 
-    async def load_adapter(self, name: str, path: str) -> None:
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        """Ask the server to load ``path`` as ``name``; ``sha256`` is not checked here.
+
+        The server, not this process, reads the files, maybe on another node, so nothing
+        here can hash what it reads. What holds instead (``servable_path(shared=True)``
+        in the web app): right before this call the web side read the version's files
+        once, compared their digest with the approved one and wrote exactly those bytes
+        into ``ADAPTER_DIR/.verified/<name>-<sha>/``, the path sent here. The server
+        reads them during this call and keeps the weights in memory; a repeated load of
+        the same name is answered "already loaded" without reading the files again, so
+        a change made after the first successful load is never served by that server.
+        The window that remains is from that write to the server's read, during this
+        call, and only for whoever can write the shared adapter store: keep the store
+        writable by the service user alone and mounted read-only on vLLM nodes
+        (docs/deploy.md). A restarted server reads the snapshot again on its next load,
+        which the web side rewrites from verified bytes first."""
         body = {"lora_name": name, "lora_path": str(path)}
         # vLLM answers 400 "... has already been loaded" to a repeated load: that is the
         # idempotent success the protocol promises.

@@ -37,6 +37,11 @@ def _fast_password_hasher() -> None:
     ``-p no:django``."""
 
 
+@pytest.fixture(autouse=True)
+def _private_crisis_spool() -> None:
+    """Overrides the root conftest's fixture of that name (it needs Django's settings)."""
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama + locally trained tokenizer, saved like a real model folder."""

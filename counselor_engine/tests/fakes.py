@@ -168,8 +168,8 @@ class FakeBackend:
             for r in responses
         ]
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        await self._enter("load_adapter", name=name, path=path)
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        await self._enter("load_adapter", name=name, path=path, sha256=sha256)
         self.adapters[name] = path
 
     async def unload_adapter(self, name: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from counselor_engine.backends.adapter_files import AdapterRefused, files_digest, read_adapter_files
 from counselor_engine.backends.base import BackendError, GenerationParams, StreamDelta, StreamDone
 from counselor_engine.backends.process_backend import ProcessBackend
 
@@ -86,6 +87,22 @@ async def test_errors_cross_the_process_boundary(shared_child, chat_prompt) -> N
     with pytest.raises(BackendError, match="nope"):
         await shared_child.generate(chat_prompt, n=1, params=SEEDED, adapter="nope")
     assert len(await shared_child.generate(chat_prompt, n=1, params=SEEDED)) == 1
+
+
+async def test_an_adapter_whose_files_changed_is_refused_in_the_child(
+    shared_child, tiny_adapter_paths
+) -> None:
+    """The child hashes the folder right before it reads it: a digest that does not match
+    (the files changed since the caller verified them) loads nothing, and the refusal
+    keeps its type across the pipe so the caller can refuse the version."""
+    path = tiny_adapter_paths["v2"]
+    approved = files_digest(read_adapter_files(path))
+    with pytest.raises(AdapterRefused, match="do not match"):
+        await shared_child.load_adapter("v2", str(path), sha256="0" * 64)
+    with pytest.raises(BackendError, match="load it first"):
+        await shared_child.generate([], n=1, params=SEEDED, adapter="v2")
+    await shared_child.load_adapter("v2", str(path), sha256=approved)
+    await shared_child.unload_adapter("v2")
 
 
 async def test_a_model_that_cannot_load_is_a_clear_backend_error(tmp_path: Path) -> None:

@@ -80,8 +80,8 @@ class LazyBackend:
     ) -> list[float]:
         return await (await self.get()).sequence_logprobs(prompts, responses, adapter=adapter)
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        await (await self.get()).load_adapter(name, path)
+    async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
+        await (await self.get()).load_adapter(name, path, sha256=sha256)
 
     async def unload_adapter(self, name: str) -> None:
         await (await self.get()).unload_adapter(name)

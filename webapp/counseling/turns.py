@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import secrets
@@ -44,6 +45,7 @@ from django.db import connection as db_connection
 
 from counselor_engine import safety
 from counselor_engine.backends import BackendError
+from counselor_engine.backends.adapter_files import AdapterRefused
 from counselor_engine.counselor import (
     Counselor,
     DoneEvent,
@@ -54,7 +56,7 @@ from counselor_engine.counselor import (
 )
 from counselor_engine.counselor import SessionRating as Rating
 from counselor_engine.text import strip_control
-from webapp.counseling import services
+from webapp.counseling import services, spool
 from webapp.counseling.models import Turn
 from webapp.counseling.runtime import counselor_for, get_backend
 from webapp.learning.models import AdapterVersion
@@ -555,6 +557,7 @@ async def client_message(
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
     _dispatch_later(dispatch)
+    _replay_spool_soon()
     yield Stored(turn, created)
     async for event in _answer_in_order(msg.session_id, turn, assessment, overrides):
         yield event
@@ -597,7 +600,11 @@ async def _crisis(
         # the reply and the flag are held here and written when storage returns.
         log.critical("session %s: crisis message held, storage down: %s", msg.session_id, exc)
         yield Replied(_unsaved_reply(reply))
-        keep(asyncio.ensure_future(_write_when_storage_returns(msg, text, assessment, reply)))
+        # Spooled under a message id, so that a replay and this task store it once.
+        held = (
+            msg if msg.msg_id else dataclasses.replace(msg, msg_id=f"held-{secrets.token_hex(8)}")
+        )
+        keep(asyncio.ensure_future(_write_when_storage_returns(held, text, assessment, reply)))
         return
     except Exception:
         # Anything else (a session gone, a bug): the person still gets the safe reply.
@@ -613,6 +620,7 @@ async def _crisis(
     yield Stored(safe.message, safe.message_created)
     yield Replied(safe.reply)
     _dispatch_later(safe.dispatch)
+    _replay_spool_soon()
 
 
 async def _write_when_storage_returns(
@@ -620,7 +628,11 @@ async def _write_when_storage_returns(
 ) -> None:
     """Write a crisis held in memory (message, safe reply, flag, outbox) once PostgreSQL
     answers again, then send the flag's notifications. Idempotent per message id, like a
-    resend. Held in this process only: the log names the session if it dies first."""
+    resend. Spooled to disk first (:mod:`webapp.counseling.spool`): if this process dies
+    before storage returns, the next successful write in any process sharing the spool,
+    or the next process start, writes it."""
+    record = spool.as_record(msg.session_id, msg.author, msg.msg_id, text, assessment, reply)
+    name = await _on(NOTIFY_POOL, spool.hold, record)
     delay, longest = HOLD_RETRY_SECONDS
     while True:
         await asyncio.sleep(delay)
@@ -632,10 +644,20 @@ async def _write_when_storage_returns(
             continue
         except services.SessionError as exc:
             log.critical("session %s: held crisis not written: %s", msg.session_id, exc.code)
+            await _on(NOTIFY_POOL, spool.release, name)
             return
         log.warning("session %s: held crisis written (turn %s)", msg.session_id, safe.message.seq)
+        await _on(NOTIFY_POOL, spool.release, name)
         await _on(NOTIFY_POOL, _run_steps, safe.dispatch)
+        _replay_spool_soon()
         return
+
+
+def _replay_spool_soon() -> None:
+    """After a successful write: crises spooled by a process that died (or by this one,
+    whose task gave up) are written now, off the event loop."""
+    if spool.pending():
+        keep(asyncio.ensure_future(off_shared_thread(spool.replay, NOTIFY_POOL)()))
 
 
 async def _open_turns(session_id: int) -> list[Turn] | None:
@@ -707,6 +729,21 @@ async def _answer_in_order(
         return
 
 
+async def load_pinned_adapter(version: AdapterVersion) -> None:
+    """Verify ``version``'s files and load exactly the verified bytes into the backend.
+
+    :func:`servable_path` checks the approved digest and writes the bytes into a
+    snapshot; the backend gets that digest too, so an in-process loader hashes the
+    snapshot again right before reading it (a change in between raises
+    :class:`AdapterRefused`, nothing is loaded). A vLLM server reads the path itself,
+    from the shared store (see ``VLLMBackend.load_adapter`` for what holds there).
+    Raises :class:`NotServable` (never approved, or the files changed) or
+    :class:`AdapterRefused`; other :class:`BackendError` s are the backend's."""
+    shared = settings.PSYEVO_BACKEND == "vllm"
+    path = await database_sync_to_async(servable_path)(version, shared=shared)
+    await get_backend().load_adapter(version.name, str(path), sha256=version.approved_sha256)
+
+
 async def _answer(
     session_id: int,
     turn: Turn,
@@ -755,16 +792,14 @@ async def _answer_flight(
         return
     if version is not None:
         try:
-            path = await database_sync_to_async(servable_path)(version)
-        except NotServable as exc:
+            await load_pinned_adapter(version)
+        except (NotServable, AdapterRefused) as exc:
             # Never fall back silently: the session is pinned to a version a clinician
             # approved, and files that no longer match it must not serve anyone.
             log.critical("session %s: adapter refused: %s", session_id, exc)
             yield Failed(turn.seq, "adapter_refused",
                          "The counselor is unavailable right now. Your message is kept.", retry)  # fmt: skip
             return
-        try:
-            await get_backend().load_adapter(version.name, str(path))
         except BackendError as exc:  # the engine then answers with an error event
             log.warning("session %s: cannot load %s: %s", session_id, version.name, exc)
     reply_seq = turn.seq + 1

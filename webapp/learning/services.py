@@ -27,9 +27,11 @@ side loads a version only through :func:`servable_path`, which recomputes it.
 
 from __future__ import annotations
 
-import hashlib
+import atexit
+import contextlib
 import logging
 import os
+import shutil
 import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -41,6 +43,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from counselor_engine.backends.adapter_files import (
+    AdapterRefused,
+    files_digest,
+    read_adapter_files,
+)
 from webapp.accounts.models import Role, User
 from webapp.learning.models import AdapterVersion, CandidateGroup, LearningScope, TrainingRun
 from webapp.oversight import audit
@@ -79,28 +86,10 @@ class TamperedAdapter(NotServable):
 def read_adapter(directory: Path | str) -> dict[str, bytes]:
     """Every regular file of an adapter folder, read once: relative path -> bytes.
     Symlinks are refused: they could point the loader anywhere."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise TamperedAdapter(f"adapter folder {root} is missing")
-    files: dict[str, bytes] = {}
-    for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
-        if path.is_symlink():
-            raise TamperedAdapter(f"adapter folder {root} contains a symlink: {path.name}")
-        if path.is_file():
-            files[path.relative_to(root).as_posix()] = path.read_bytes()
-    return files
-
-
-def files_digest(files: dict[str, bytes]) -> str:
-    """sha256 over an adapter's files in sorted relative-path order, each contributing
-    ``path \\0 size \\0 content``: renaming, adding or removing a file changes the digest,
-    not only editing one (a planted extra file is tampering too)."""
-    digest = hashlib.sha256()
-    for rel in sorted(files):
-        data = files[rel]
-        digest.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0")
-        digest.update(data)
-    return digest.hexdigest()
+    try:
+        return read_adapter_files(directory)
+    except AdapterRefused as exc:
+        raise TamperedAdapter(str(exc)) from exc
 
 
 def adapter_digest(directory: Path | str) -> str:
@@ -134,7 +123,7 @@ def active_version() -> AdapterVersion | None:
     return AdapterVersion.objects.filter(status=Status.ACTIVE).first()
 
 
-def servable_path(version: AdapterVersion) -> Path:
+def servable_path(version: AdapterVersion, *, shared: bool = False) -> Path:
     """A folder to load ``version`` from, holding exactly the bytes that were verified.
 
     Approved, active and retired versions are servable (a session pinned to a version
@@ -143,21 +132,86 @@ def servable_path(version: AdapterVersion) -> Path:
     :class:`TamperedAdapter`), and those same bytes are written into the version's
     snapshot folder, which is returned. Hashing the folder and letting the loader read
     it again afterwards would serve a file swapped in between (issue 18). A folder and
-    not bytes, because the backends load by path (a vLLM server reads its adapters
-    from disk); the folder is owner-only and rewritten from the verified bytes on
-    every load, so only the service's own user could change it between write and read.
+    not bytes, because the backends load by path.
+
+    Where the snapshot lives decides who could change it before the loader reads it:
+
+    - by default (a loader in this process or its model child: the transformers backend,
+      the training worker) in :func:`private_snapshot_root`, a 0700 folder on local disk
+      made for this process alone, outside ``ADAPTER_DIR`` (which training nodes write).
+      Pass ``version.approved_sha256`` to ``load_adapter``: the transformers backend
+      hashes the snapshot again right before it reads it and refuses a mismatch
+      (:class:`~counselor_engine.backends.adapter_files.AdapterRefused`).
+    - ``shared=True`` (a vLLM server, maybe on another node, reads the path) in
+      ``ADAPTER_DIR/.verified/``, the one place such a server can read; what holds there
+      is said in :meth:`VLLMBackend.load_adapter
+      <counselor_engine.backends.vllm_backend.VLLMBackend.load_adapter>`.
     """
     version.refresh_from_db(fields=["status", "path", "approved_sha256"])
     if version.status not in SERVABLE or not version.approved_sha256:
         raise NotServable(f"{version.name} is {version.status}, not approved")
     files = _verified_files(version, version.approved_sha256)
-    folder = _snapshot(version, files)
+    base = _shared_snapshot_root() if shared else private_snapshot_root()
+    folder = _snapshot(base, version, files)
     prune_snapshots(keep=folder.name)
     return folder
 
 
 def _snapshot_name(version: AdapterVersion) -> str:
     return f"{version.name}-{version.approved_sha256[:16]}"
+
+
+def _shared_snapshot_root() -> Path:
+    return Path(settings.ADAPTER_DIR) / ".verified"
+
+
+_PRIVATE_PREFIX = "psyevo-adapters-"
+_private_roots: dict[int, Path] = {}  # pid -> root: a forked child makes its own
+
+
+def private_snapshot_root() -> Path:
+    """This process's own snapshot folder: ``$TMPDIR/psyevo-adapters-<pid>-<random>/``,
+    mode 0700, made on first use (``tempfile.mkdtemp``: nobody else can have made or
+    pre-planted it) and removed at exit. Keyed by pid, so a forked worker does not share
+    its parent's. Folders left by processes that died without cleaning up (same owner,
+    pid gone) are removed when a new one is made."""
+    pid = os.getpid()
+    root = _private_roots.get(pid)
+    if root is not None and root.is_dir():
+        return root
+    parent = Path(tempfile.gettempdir())  # local disk ($TMPDIR), never the shared store
+    _remove_dead_private_roots(parent)
+    root = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-", dir=parent))
+    _private_roots[pid] = root
+    atexit.register(_remove_private_root, pid, root)
+    return root
+
+
+def _remove_private_root(pid: int, root: Path) -> None:
+    if os.getpid() == pid:  # a forked child inherits the atexit hook: not its folder
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove_dead_private_roots(parent: Path) -> None:
+    with contextlib.suppress(OSError):
+        for folder in parent.glob(f"{_PRIVATE_PREFIX}*-*"):
+            try:
+                pid = int(folder.name[len(_PRIVATE_PREFIX) :].split("-", 1)[0])
+                owned = folder.lstat().st_uid == os.getuid() and folder.is_dir()
+            except (ValueError, OSError):
+                continue
+            if owned and not folder.is_symlink() and not _pid_alive(pid):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def prune_snapshots(*, keep: str = "") -> list[str]:
@@ -167,14 +221,13 @@ def prune_snapshots(*, keep: str = "") -> list[str]:
     retired but pinned by a session still open (a session keeps its version to the end).
     Folders of rejected, failed or unpinned retired versions, and of an approval digest
     that is no longer the version's, are removed, so copies of old weights do not pile
-    up beside the adapters. ``keep`` (the folder just written) is never removed, whatever
-    a concurrent decision did meanwhile. Called on every :func:`servable_path`."""
-    import shutil
-
+    up. Both this process's private root and the shared ``ADAPTER_DIR/.verified/`` are
+    pruned. ``keep`` (the folder just written) is never removed, whatever a concurrent
+    decision did meanwhile. Called on every :func:`servable_path`."""
     from webapp.counseling.models import Session
 
-    base = Path(settings.ADAPTER_DIR) / ".verified"
-    if not base.is_dir():
+    bases = [b for b in (private_snapshot_root(), _shared_snapshot_root()) if b.is_dir()]
+    if not bases:
         return []
     pinned = Session.objects.filter(status=Session.Status.OPEN).values("adapter_version_id")
     needed = AdapterVersion.objects.filter(
@@ -183,22 +236,22 @@ def prune_snapshots(*, keep: str = "") -> list[str]:
     ).exclude(approved_sha256="")
     wanted = {_snapshot_name(v) for v in needed} | {keep}
     removed = []
-    for folder in sorted(base.iterdir()):
-        if folder.name in wanted or not folder.is_dir() or folder.is_symlink():
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder.name)
+    for base in bases:
+        for folder in sorted(base.iterdir()):
+            if folder.name in wanted or not folder.is_dir() or folder.is_symlink():
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
     if removed:
         log.info("removed %d adapter snapshot(s) nothing can load: %s", len(removed), removed)
     return removed
 
 
-def _snapshot(version: AdapterVersion, files: dict[str, bytes]) -> Path:
-    """Write the verified ``files`` into ``ADAPTER_DIR/.verified/<name>-<sha>/`` (owner
-    only). Every call rewrites each file from the verified bytes through a temporary
-    file and an atomic rename, and removes anything else there, so a concurrent loader
-    sees only whole verified files, whatever was in the folder before."""
-    base = Path(settings.ADAPTER_DIR) / ".verified"
+def _snapshot(base: Path, version: AdapterVersion, files: dict[str, bytes]) -> Path:
+    """Write the verified ``files`` into ``<base>/<name>-<sha>/`` (owner only). Every call
+    rewrites each file from the verified bytes through a temporary file and an atomic
+    rename, and removes anything else there, so a concurrent loader sees only whole
+    verified files, whatever was in the folder before."""
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     folder = base / _snapshot_name(version)
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -524,7 +577,7 @@ def sync_serving(activated_pk: int, retired: list[int]) -> None:
     )
     version = AdapterVersion.objects.get(pk=activated_pk)
     try:
-        path = servable_path(version)
+        path = servable_path(version, shared=True)
         async_to_sync(backend.load_adapter)(version.name, str(path.resolve()))
         error = ""
     except Exception as exc:  # the server is down, refused, or the files were tampered

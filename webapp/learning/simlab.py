@@ -2,7 +2,9 @@
 
 Simulated clients talk to the counselor through the SAME turn API a real client's
 messages go through (``counseling.turns.client_message``: stored, assessed, answered and
-committed there), with the counselor rebuilt from PostgreSQL for every turn. What differs from a real client:
+committed there), with the counselor rebuilt from PostgreSQL for every turn, and the
+run's adapter verified and loaded there too (``turns.load_pinned_adapter``, the session's
+pinned version). What differs from a real client:
 
 - The clients are synthetic accounts (``ClientProfile.simulated``): inactive, without a
   password or a clinician, left out of every console list, and their evidence stays out
@@ -320,10 +322,10 @@ async def _play(
         if lab.curriculum
         else None
     )
+    # The run's adapter is pinned on each session (``Course._start``): the turn API
+    # verifies and loads it before every reply, as for a real session. Nothing here loads
+    # it: one way to serve a version, not two.
     backend = runtime.get_backend()
-    if lab.adapter is not None:
-        path = await sync_to_async(servable_path)(lab.adapter)
-        await backend.load_adapter(lab.adapter.name, str(path))
     course = Course(run, lab, controller, backend, progress)
     try:
         async with asyncio.TaskGroup() as group:  # one failure cancels the other courses

@@ -289,6 +289,38 @@ async def test_a_crisis_gets_the_safe_reply_and_alerts_the_clinician_with_the_mo
     await watch.disconnect()
 
 
+@pytest.mark.parametrize(
+    ("text", "crisis"),
+    [("I feel anxious about work", False), ("I want to kill myself tonight", True)],
+)
+async def test_each_message_is_assessed_for_safety_exactly_once(chat, monkeypatch, text, crisis):  # type: ignore[no-untyped-def]
+    """Validation and ``safety.assess`` run once per message (issue 17), on the socket
+    path: the turn API assesses it and hands that to ``Counselor.respond``, which must not
+    assess it again (nor the consumer before it)."""
+    from counselor_engine import safety
+
+    _, session, comm, _ = chat
+    assessed: list[str] = []
+    real = safety.assess
+
+    def spy(message: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        assessed.append(message)
+        return real(message, *args, **kwargs)
+
+    monkeypatch.setattr(safety, "assess", spy)
+    await send(comm, type="message", text=text, client_msg_id="s1")
+    frames = await frames_until(comm, DONE)
+    reply = turn_texts(frames, "counselor")[0]
+    assert ("988" in reply) is crisis
+    assert assessed.count(text) == 1, assessed
+    assert len(assessed) == 1, assessed  # nothing else of the turn assessed anything
+    turns = await sync_to_async(list)(
+        Turn.objects.filter(session=session).order_by("seq").values_list("role", "safety_level")
+    )
+    assert [role for role, _ in turns] == ["client", "counselor"]
+    assert (turns[0][1] == "crisis") is crisis
+
+
 async def test_a_backend_failure_keeps_the_message_and_a_retry_answers_it_once(
     broken_engine, settings, tiny_model_dir
 ):  # type: ignore[no-untyped-def]

@@ -40,7 +40,8 @@ def test_it_loads_the_activated_version_and_unloads_the_retired_one(
     with django_capture_on_commit_callbacks(execute=True):
         services.approve(new, ClinicianFactory())
 
-    assert vllm.state.adapters == {"v2": str(services.servable_path(new).resolve())}
+    shared = services.servable_path(new, shared=True)  # a vLLM server reads the store
+    assert vllm.state.adapters == {"v2": str(shared.resolve())}
     new.refresh_from_db()
     assert new.load_error == ""
 

@@ -155,6 +155,61 @@ def test_bad_arguments_stop_before_anything_is_written(lab, args, message):  # t
     assert not ClientProfile.objects.filter(simulated=True).exists()
 
 
+def test_the_lab_drives_every_turn_and_its_adapter_through_the_turn_api(  # type: ignore[no-untyped-def]
+    lab, tiny_model_dir, tmp_path, monkeypatch
+):
+    """One home for the turn (issue 17): each simulated message goes through
+    ``turns.client_message``, each session end through ``turns.end_session``, and the run's
+    adapter is verified and loaded only by the turn path (``load_pinned_adapter``, with
+    the approved digest), never by the lab itself."""
+    from counselor_engine.backends.tiny import build_tiny_adapter
+    from webapp.counseling import runtime, turns
+    from webapp.learning.tests.helpers import make_version
+
+    version = make_version("v-lab", "approved", build_tiny_adapter(tiny_model_dir, tmp_path / "a"))
+    seen: dict[str, list[Any]] = {"message": [], "end": [], "pinned": [], "load": []}
+
+    def spy(name: str, real: Any) -> Any:
+        if name == "message":
+
+            async def messages(msg: Any, **kwargs: Any) -> Any:
+                seen[name].append(msg.session_id)
+                async for event in real(msg, **kwargs):
+                    yield event
+
+            return messages
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            seen[name].append((args, kwargs))
+            return await real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(turns, "client_message", spy("message", turns.client_message))
+    monkeypatch.setattr(turns, "end_session", spy("end", turns.end_session))
+    monkeypatch.setattr(turns, "load_pinned_adapter", spy("pinned", turns.load_pinned_adapter))
+    load = runtime.LazyBackend.load_adapter
+    monkeypatch.setattr(runtime.LazyBackend, "load_adapter", spy("load", load))
+
+    simulate("--clients", "1", "--sessions", "2", "--max-turns", "2", "--adapter", "v-lab")
+
+    run = SimulationRun.objects.get()
+    assert run.status == "succeeded", run.error
+    sessions = Session.objects.filter(client__simulation__run=run).order_by("index")
+    client_turns = Turn.objects.filter(session__in=sessions, role=Turn.Role.CLIENT)
+    assert sorted(seen["message"]) == sorted(client_turns.values_list("session_id", flat=True))
+    assert len(seen["message"]) == 4
+    assert [args[0] for args, _ in seen["end"]] == [s.pk for s in sessions]
+    assert all(s.adapter_version_id == version.pk for s in sessions)
+    # Loaded once per answered turn, each time by the turn path, with the digest.
+    assert len(seen["pinned"]) == len(seen["load"]) == 4
+    assert all(args[0].pk == version.pk for args, _ in seen["pinned"])
+    assert all(
+        args[1] == "v-lab" and kwargs["sha256"] == version.approved_sha256
+        for args, kwargs in seen["load"]
+    )
+
+
 def test_an_unapproved_adapter_is_refused(lab, tmp_path):  # type: ignore[no-untyped-def]
     from webapp.learning.tests.helpers import make_version, write_adapter_files
 

@@ -4,8 +4,9 @@
 everything a role might try to reach: A's transcripts, memory, posterior, candidate
 graph, a crisis flag, adapter versions (one pending from a round that clinician B
 started, whose validation report holds A's words as older rounds wrote them) and an
-erasure report; and client C of clinician A, who withdrew consent to clinician review.
-A's (and C's) texts carry ``CANARY_A`` so a page that should not show them can be checked
+erasure report; and three more clients of clinician A, each with one consent withdrawn:
+C clinician review, D memory, E training.
+A's (and C's, D's, E's) texts carry ``CANARY_A`` so a page that should not show them can be checked
 for it.
 
 Log-ins live here only (``login``, ``session_cookie``, ``ws_connect``): when MFA
@@ -241,6 +242,34 @@ def build_world(adapter_dir: Path) -> World:
     MemoryItem.objects.create(
         client=profile_c.user, kind="fact", text=f"Remembered {CANARY_A}", origin="client"
     )
+    # Client D, assigned to clinician A, withdrew memory consent only: the counselor no
+    # longer uses D's memories, but D's clinician (review consent given) still reads them.
+    profile_d = ClientProfileFactory(user__username="client_d", clinician=clinician_a)
+    grant_all_consents(profile_d)
+    ConsentRecord.objects.create(profile=profile_d, purpose="memory", granted=False)
+    MemoryItem.objects.create(
+        client=profile_d.user, kind="fact", text=f"Kept, unused {CANARY_A}", origin="counselor"
+    )
+    # Client E, assigned to clinician A, withdrew training consent only: E's own clinician
+    # still reviews E's sessions (candidates included), but a validation report that a
+    # round wrote from E's held-out evidence shows E's words to no staff member.
+    profile_e = ClientProfileFactory(user__username="client_e", clinician=clinician_a)
+    grant_all_consents(profile_e)
+    ConsentRecord.objects.create(profile=profile_e, purpose="training", granted=False)
+    training_withdrawn = make_session(profile_e, client_text=f"Not for training {CANARY_A}")
+    report_e = {
+        "passed": True,
+        "checks": [],
+        "side_by_side": [
+            {"group": "g-e", "modality": "cbt", "held_out": True,
+             "prompt": [{"role": "user", "content": f"Not for training {CANARY_A}"}],
+             "parent": f"You said {CANARY_A}", "candidate": f"Go on about {CANARY_A}"},
+        ],
+    }  # fmt: skip
+    report_of_withdrawn = make_version(
+        "v-report-e", "rejected", write_adapter_files(adapter_dir / "report-e", b"e"),
+        parent=active, validation_report=report_e,
+    )  # fmt: skip
     # An erasure report of some other, already erased client.
     gone = UserFactory(username="erased")
     erasure = audit.record(admin, "client.erase", target=f"user:{gone.pk}", counts={})
@@ -271,6 +300,9 @@ def build_world(adapter_dir: Path) -> World:
             "withdrawn_ended": withdrawn_ended,
             "withdrawn_flagged": withdrawn_flagged,
             "withdrawn_open": withdrawn_open,
+            "memory_withdrawn": profile_d.user,
+            "training_withdrawn": training_withdrawn,
+            "report_of_withdrawn": report_of_withdrawn,
         },
     )
 

@@ -11,8 +11,11 @@ not read off the code, so the tests check the code against the rules:
   adapter versions; whoever started a round cannot approve its output.
 - Consent is checked where the data is used: while a client has withdrawn consent to
   clinician review, their clinician gets no transcript review and no live page, except
-  that a session with a safety flag shows the flagged turn. The approval page is open to
-  all staff, so it shows no client's words, even from a report that holds them.
+  that a session with a safety flag shows the flagged turn; no staff socket joins their
+  sessions. Memory consent decides what the counselor uses, training consent what
+  trains the shared counselor: neither hides a client's data from their own clinician.
+  The approval page is open to all staff, so it shows no client's words, even from a
+  report that holds them (also one built from a training-withdrawn client's evidence).
 - An admin has the console (posteriors, population, runs, lineage, audit log and its
   export, erasure), the Django admin for accounts, may roll back to an earlier approved
   version, and reads no transcript, memory or candidate graph. The Django admin never
@@ -147,6 +150,19 @@ HTTP: list[Row] = [
         lambda w: f"/clinician/sessions/{w.extra['withdrawn_open'].pk}/", NOBODY),
     Row("memory", "http", "clinician memory review, review consent withdrawn", "get",
         lambda w: f"/clinician/clients/{w.extra['withdrawn_ended'].client_id}/memory/", NOBODY),
+    # Memory consent governs what the counselor uses, not what the client's clinician may
+    # read (that is review consent): D's memories stay on D's clinician's page.
+    Row("memory", "http", "clinician memory review, memory consent withdrawn", "get",
+        lambda w: f"/clinician/clients/{w.extra['memory_withdrawn'].pk}/memory/", CLINICIAN_A,
+        sees_a=CLINICIAN_A),
+    # Training consent governs the shared counselor's training, not clinician review: E's
+    # clinician still sees E's candidates; no staff member sees E's words in a report.
+    Row("candidate_graph", "http", "session review, training consent withdrawn", "get",
+        lambda w: f"/clinician/sessions/{w.extra['training_withdrawn'].pk}/review/",
+        CLINICIAN_A, sees_a=CLINICIAN_A),
+    Row("adapter_approve", "http", "version report from evidence of a training-withdrawn client",
+        "get", lambda w: f"/adapters/{w.extra['report_of_withdrawn'].pk}/", STAFF,
+        sees_a=NOBODY),
     # ...except the flagged turn of a session with a safety flag.
     Row("transcript", "http", "flagged turn, review consent withdrawn", "get",
         lambda w: f"/clinician/sessions/{w.extra['withdrawn_flagged'].pk}/review/",
@@ -234,6 +250,9 @@ WEBSOCKET: list[Row] = [
     Row("takeover", "websocket", "clinician joins A's session", "ws",
         lambda w: f"/ws/sessions/{w.open_a.pk}/", CLINICIAN_A,
         elsewhere={"client_a": "the transcript row (the client's own socket)"}),
+    # C withdrew clinician review: no staff socket, C's own clinician's included.
+    Row("takeover", "websocket", "clinician joins a session, review consent withdrawn", "ws",
+        lambda w: f"/ws/sessions/{w.extra['withdrawn_open'].pk}/", NOBODY),
 ]  # fmt: skip
 
 

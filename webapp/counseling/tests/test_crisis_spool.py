@@ -1,0 +1,118 @@
+"""A crisis held while PostgreSQL is down survives the process dying (issue 17, item 3).
+
+The crisis is answered from memory and spooled to disk; the process then "dies" (its
+holding task is cancelled and its memory of the spool is gone). When storage is back, the
+record is written, flagged and removed: at the next successful write in a process sharing
+the spool, or at process start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import OperationalError
+
+from webapp.accounts.tests.factories import ClientProfileFactory, grant_all_consents
+from webapp.counseling import services, spool, turns
+from webapp.counseling.models import Turn
+from webapp.oversight.models import AlertOutbox, SafetyFlag
+
+CRISIS = "honestly I am done, I have the pills counted out and I am taking them tonight"
+
+
+def _client():  # type: ignore[no-untyped-def]
+    profile = ClientProfileFactory()
+    grant_all_consents(profile)
+    return profile, services.start_session(profile.user)
+
+
+async def _eventually(check, seconds: float = 15.0):  # type: ignore[no-untyped-def]
+    for _ in range(int(seconds / 0.05)):
+        if value := await sync_to_async(check)():
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("close_thread_db_connections")
+@pytest.mark.parametrize("replayed_by", ["the next write", "process start"])
+async def test_a_crisis_held_when_the_process_dies_is_written_later(  # type: ignore[no-untyped-def]
+    tiny_engine, settings, tmp_path, monkeypatch, replayed_by
+):
+    settings.CRISIS_SPOOL_DIR = tmp_path / "spool"
+    monkeypatch.setattr(spool, "_holding", set())
+    write = services.record_safe_reply
+    storage = {"up": False}
+
+    def unreachable_until_up(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not storage["up"]:
+            raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(services, "record_safe_reply", unreachable_until_up)
+    monkeypatch.setattr(turns, "HOLD_RETRY_SECONDS", (3600.0, 3600.0))  # it never retries
+    profile, session = await sync_to_async(_client)()
+
+    message = turns.ClientMessage(session.pk, profile.user, CRISIS)  # no message id
+    events = [e async for e in turns.client_message(message)]
+    assert [type(e) for e in events] == [turns.Replied]
+    assert "988" in events[0].turn.text and events[0].turn.pk is None  # from memory
+    names = await _eventually(spool.pending)
+    assert len(names) == 1
+    base = settings.CRISIS_SPOOL_DIR
+    assert stat.S_IMODE(base.stat().st_mode) == 0o700
+    assert stat.S_IMODE((base / names[0]).stat().st_mode) == 0o600
+
+    # The process dies: its holding task and its memory go; the file stays.
+    holders = [t for t in turns.background if "_write_when_storage_returns" in repr(t)]
+    assert len(holders) == 1
+    holders[0].cancel()
+    spool._holding.clear()
+    assert await sync_to_async(Turn.objects.filter(session=session).count)() == 0
+
+    storage["up"] = True
+    if replayed_by == "the next write":
+        _, other = await sync_to_async(_client)()
+        plain = turns.ClientMessage(other.pk, other.client, "work has been hard", msg_id="p1")
+        async for event in turns.client_message(plain):
+            if isinstance(event, turns.Stored):
+                break
+    else:
+        spool.replay_at_start()
+
+    flag = await _eventually(SafetyFlag.objects.filter(session=session).first)
+    assert flag.level == "crisis"
+    assert await sync_to_async(AlertOutbox.objects.filter(flag=flag).exists)()
+    rows = await sync_to_async(list)(
+        Turn.objects.filter(session=session)
+        .order_by("seq")
+        .values_list("role", "safety_level", "text")
+    )
+    assert [r[:2] for r in rows] == [("client", "crisis"), ("counselor", "crisis")]
+    assert rows[0][2] == CRISIS
+    await _eventually(lambda: not spool.pending())
+    assert not list(base.iterdir())  # nothing left, nothing quarantined
+
+
+@pytest.mark.django_db
+def test_a_record_is_stored_once_however_often_it_is_replayed(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """Two processes replaying the same file (or a replay racing the holding task) store
+    the crisis once: the record carries a message id, and the crisis transaction is
+    idempotent per id."""
+    from counselor_engine import safety
+
+    settings.CRISIS_SPOOL_DIR = tmp_path / "spool"
+    profile, session = _client()
+    record = spool.as_record(
+        session.pk, profile.user, "held-1", CRISIS, safety.assess(CRISIS), "safe reply"
+    )
+    first, second = spool.hold(record), spool.hold(record)
+    spool._holding.difference_update({first, second})
+    assert spool.replay() == 2
+    assert Turn.objects.filter(session=session).count() == 2
+    assert SafetyFlag.objects.filter(session=session).count() == 1
+    assert spool.pending() == []

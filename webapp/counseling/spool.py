@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from counselor_engine.safety import SafetyAssessment
+from webapp import crypto
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -53,13 +54,16 @@ class HeldCrisis:
     reply: str
 
     def to_json(self) -> bytes:
+        """Encrypted with the keys that protect turn text in PostgreSQL: the spool holds
+        a client's words in crisis, and must not leave them readable on disk."""
         body = asdict(self)
         body["format"] = FORMAT
-        return json.dumps(body, ensure_ascii=False).encode() + b"\n"
+        return crypto.encrypt(json.dumps(body, ensure_ascii=False)).encode("ascii") + b"\n"
 
     @classmethod
     def from_json(cls, data: bytes) -> HeldCrisis:
-        body = json.loads(data)
+        token = data.decode("ascii", errors="replace").strip()
+        body = json.loads(crypto.decrypt(token, where="a crisis spool record"))
         if body.pop("format", None) != FORMAT:
             raise ValueError("unknown spool record format")
         a = body.pop("assessment")
@@ -144,7 +148,7 @@ def replay() -> int:
                 record = HeldCrisis.from_json(path.read_bytes())
             except FileNotFoundError:
                 continue  # written and removed by another process meanwhile
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, crypto.DecryptionError):
                 log.critical("unreadable crisis spool record %s: kept as .bad", path)
                 with contextlib.suppress(OSError):
                     path.rename(path.with_suffix(".bad"))

@@ -29,7 +29,8 @@ def _client():  # type: ignore[no-untyped-def]
     return profile, services.start_session(profile.user)
 
 
-async def _eventually(check, seconds: float = 15.0):  # type: ignore[no-untyped-def]
+async def _eventually(check, seconds: float = 60.0):  # type: ignore[no-untyped-def]
+    """Polls until ``check`` holds: a bound for a loaded 2-core machine, not a timing."""
     for _ in range(int(seconds / 0.05)):
         if value := await sync_to_async(check)():
             return value
@@ -116,3 +117,31 @@ def test_a_record_is_stored_once_however_often_it_is_replayed(settings, tmp_path
     assert Turn.objects.filter(session=session).count() == 2
     assert SafetyFlag.objects.filter(session=session).count() == 1
     assert spool.pending() == []
+
+
+@pytest.mark.django_db
+def test_the_spool_keeps_no_client_words_readable_on_disk(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """The record is encrypted like turn text in PostgreSQL; a record no key opens (the key
+    was removed) is set aside as .bad, never half-written."""
+    from counselor_engine import safety
+
+    settings.CRISIS_SPOOL_DIR = tmp_path / "spool"
+    profile, session = _client()
+    record = spool.as_record(
+        session.pk, profile.user, "held-2", CRISIS, safety.assess(CRISIS), "safe reply"
+    )
+    name = spool.hold(record)
+    data = (tmp_path / "spool" / name).read_bytes()
+    assert b"pills" not in data and b"safe reply" not in data
+    assert spool.HeldCrisis.from_json(data) == record
+    spool._holding.discard(name)
+    settings.PSYEVO_ENCRYPTION_KEYS = [crypto_key()]
+    assert spool.replay() == 0
+    assert [p.suffix for p in (tmp_path / "spool").iterdir()] == [".bad"]
+    assert not SafetyFlag.objects.filter(session=session).exists()
+
+
+def crypto_key() -> str:
+    from cryptography.fernet import Fernet
+
+    return Fernet.generate_key().decode()

@@ -94,19 +94,22 @@ async def one_turn(
 ) -> tuple[dict[str, float], tuple[Any, ...], RecordingBackend]:
     rec = RecordingBackend(backend)
     params = GenerationParams(max_new_tokens=args.tokens, temperature=0.9, top_p=0.95)
-    config = CounselorConfig(n_candidates=args.n, generation=params, seed=7)
+    # No time limit: the plain arm's judge alone can take minutes on a busy 2-core machine.
+    config = CounselorConfig(n_candidates=args.n, generation=params, seed=7, backend_timeout_s=1e5)
     judge = Judge(rec, evaluator=args.evaluator)  # type: ignore[arg-type]
     client = ClientState("bench-turn", "cbt", 1, 4, memory=MemoryStore())
     counselor = Counselor(rec, config=config, judge=judge)  # type: ignore[arg-type]
     counselor.start_session(client, None)
     counselor.restore_turns(EARLIER)
     start = time.perf_counter()
-    done = None
+    done, events = None, []
     async for event in counselor.respond(MESSAGES[2]):
+        events.append(event)
         if isinstance(event, DoneEvent):
             done = event
     wall = time.perf_counter() - start
-    assert done is not None
+    if done is None:
+        raise RuntimeError(f"the turn ended without a reply: {events[-1]!r}")
     edges = tuple(sorted((e["winner"], e["loser"]) for e in done.group.edges)) if done.group else ()
     outcome = (done.reply, edges)
     return {"wall": wall, **rec.by_call}, outcome, rec
@@ -237,7 +240,8 @@ async def main_async(args: argparse.Namespace) -> None:
     distinct = sum(map(len, segments))
     body = f"""Model `{name}`, one graph-mode turn: N = {args.n} candidates, {args.tokens} new tokens,
 the `{args.evaluator}` evaluator (12 criteria), {args.reps} interleaved repetitions
-of each arm after one warm-up turn, medians; torch threads = default. Bench wall time {time.perf_counter() - bench_start:.0f} s.
+of each arm after one warm-up turn, medians; torch threads = default.
+Bench wall time {time.perf_counter() - bench_start:.0f} s.
 Both arms delivered the same candidate with the same edges in every repetition: **{same}**.
 
 | measure | before (full sequences) | after (shared prefixes) | after / before |

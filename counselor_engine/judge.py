@@ -447,17 +447,17 @@ class Judge:
         candidates: Sequence[str],
         on_progress: ProgressCallback | None,
     ) -> list[PairJudgment]:
-        """Pair readings from each reply's criterion scores (one scoring per reply, so
-        progress is told after each, like the A/B judge's one call per reply shown as A)."""
+        """Pair readings from each reply's criterion scores: every reply is scored once
+        (all of them together, see :meth:`criterion_scores`) and every pair reuses them.
+        Progress is told after each backend call, in the A/B judge's units (pairs in
+        both orders), so the page's bar reads the same whichever evaluator runs."""
         n = len(candidates)
         total = n * (n - 1)
+        told: Callable[[float], None] | None = None
         if on_progress is not None:
             on_progress(0, total)
-        scores: list[list[float]] = []
-        for a, reply in enumerate(candidates):
-            scores.extend(await self.criterion_scores(context, [reply]))
-            if on_progress is not None:
-                on_progress((a + 1) * (n - 1), total)
+            told = _in_units(on_progress, total)
+        scores = await self.criterion_scores(context, candidates, on_progress=told)
         ids = [c.id for c in self.criteria]
         return [
             jd
@@ -466,7 +466,11 @@ class Judge:
         ]
 
     async def criterion_scores(
-        self, context: JudgeContext, replies: Sequence[str]
+        self,
+        context: JudgeContext,
+        replies: Sequence[str],
+        *,
+        on_progress: Callable[[float], None] | None = None,
     ) -> list[list[float]]:
         """Per reply and criterion: [log p(reply | "meets it") - log p(reply | "fails it")]
         divided by the reply's length in words (:func:`reply_length`).
@@ -479,34 +483,36 @@ class Judge:
         (10 of 24 edges right) where the per-word one points the right way (21 of 26).
         Words, not tokens: the Backend protocol returns sums only, and a word count is
         the same on every backend; within one language tokens per word vary little. Always
-        the base model (``adapter=None``). Sent in chunks of ``batch_size`` sequences (a
-        padded batch of every prompt at once would hold all of them in memory together).
+        the base model (``adapter=None``).
+
+        Sent persona-major (every reply under one persona together) in chunks of whole
+        personas of at most ``batch_size`` sequences (a padded batch of every prompt at
+        once would hold all of them in memory together; more replies than ``batch_size``
+        split a persona). A persona + conversation prompt is then a prefix its replies
+        share within one call, which the backends read once (transformers: shared
+        prefixes; vLLM: its prefix cache) rather than once per reply (issue 23).
+        ``on_progress(share done)`` after each call.
         """
-        prompts: list[list[ChatMessage]] = []
-        responses: list[str] = []
-        lengths: list[int] = []
-        for reply in replies:
-            clipped = _clip(reply, self.response_chars)
-            lengths.append(reply_length(clipped))
-            for c in self.criteria:
-                for framing in (c.meets, c.fails):
-                    prompts.append(self._contrast_prompt(context, framing))
-                    responses.append(clipped)
-        logps: list[float] = []
-        for k in range(0, len(prompts), self.batch_size):
-            logps.extend(
-                await self.backend.sequence_logprobs(
-                    prompts[k : k + self.batch_size], responses[k : k + self.batch_size]
-                )
+        clipped = [_clip(reply, self.response_chars) for reply in replies]
+        lengths = [reply_length(reply) for reply in clipped]
+        framings = [framing for c in self.criteria for framing in (c.meets, c.fails)]
+        rows = [(f, r) for f in range(len(framings)) for r in range(len(clipped))]
+        n = max(1, len(clipped))
+        step = (self.batch_size // n) * n if n <= self.batch_size else self.batch_size
+        prompts = [self._contrast_prompt(context, framing) for framing in framings]
+        logp: dict[tuple[int, int], float] = {}
+        for k in range(0, len(rows), step):
+            chunk = rows[k : k + step]
+            got = await self.backend.sequence_logprobs(
+                [prompts[f] for f, _ in chunk], [clipped[r] for _, r in chunk]
             )
-        if len(logps) != len(prompts):
-            raise BackendError("sequence_logprobs: wrong number of scores")
-        per = 2 * len(self.criteria)
+            if len(got) != len(chunk):
+                raise BackendError("sequence_logprobs: wrong number of scores")
+            logp.update(zip(chunk, got, strict=True))
+            if on_progress is not None:
+                on_progress((k + len(chunk)) / len(rows))
         return [
-            [
-                (logps[r * per + 2 * c] - logps[r * per + 2 * c + 1]) / length
-                for c in range(len(self.criteria))
-            ]
+            [(logp[(2 * c, r)] - logp[(2 * c + 1, r)]) / length for c in range(len(self.criteria))]
             for r, length in enumerate(lengths)
         ]
 
@@ -568,6 +574,11 @@ class Judge:
             sum((r - 1.0) / 4.0 for r in ratings[k : k + per]) / per
             for k in range(0, len(ratings), per)
         ]
+
+
+def _in_units(on_progress: ProgressCallback, total: int) -> Callable[[float], None]:
+    """A share-done callback that tells ``on_progress`` in steps out of ``total``."""
+    return lambda share: on_progress(round(share * total), total)
 
 
 def _expected_digit(row: Sequence[float]) -> float:

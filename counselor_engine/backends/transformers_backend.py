@@ -46,6 +46,7 @@ __all__ = [
     "PrefixNode",
     "TransformersBackend",
     "encode_pairs",
+    "pair_ids",
     "prefix_tree",
     "render_prompt",
     "response_logprobs",
@@ -77,16 +78,10 @@ def encode_pairs(
     if len(prompts_text) != len(responses_text):
         raise ValueError("prompts_text and responses_text differ in length")
     eos = tokenizer.eos_token_id
-    rows: list[tuple[list[int], list[int]]] = []
-    for prompt, response in zip(prompts_text, responses_text, strict=True):
-        p_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        r_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
-        if append_eos and eos is not None:
-            r_ids.append(int(eos))
-        r_ids = r_ids[:max_length]
-        keep = max_length - len(r_ids)
-        p_ids = p_ids[len(p_ids) - keep :] if keep > 0 else []
-        rows.append((p_ids, r_ids))
+    rows = [
+        pair_ids(tokenizer, prompt, response, max_length=max_length, append_eos=append_eos)
+        for prompt, response in zip(prompts_text, responses_text, strict=True)
+    ]
     width = max((len(p) + len(r) for p, r in rows), default=0)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
     input_ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
@@ -98,6 +93,21 @@ def encode_pairs(
         attention[i, : len(ids)] = 1
         response_mask[i, len(p_ids) : len(ids)] = True
     return input_ids, attention, response_mask
+
+
+def pair_ids(
+    tokenizer: Any, prompt_text: str, response_text: str, *, max_length: int, append_eos: bool
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) of one pair as :func:`encode_pairs` lays them out: each
+    tokenized alone, EOS after the response, the prompt cut from its start when too long."""
+    eos = tokenizer.eos_token_id
+    p_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+    r_ids = list(tokenizer(response_text, add_special_tokens=False)["input_ids"])
+    if append_eos and eos is not None:
+        r_ids.append(int(eos))
+    r_ids = r_ids[:max_length]
+    keep = max_length - len(r_ids)
+    return (p_ids[len(p_ids) - keep :] if keep > 0 else []), r_ids
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
@@ -653,6 +663,20 @@ class TransformersBackend(Backend):
         holes between context and segment that no real token attends to, and positions
         count real tokens only, so every row computes what its whole prompt would alone.
         """
+        inputs, attention = self._segment_inputs(segments, cache, past_mask, past_length)
+        out = self._model(**inputs, logits_to_keep=1)
+        probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)[:, choice_ids]
+        return (probs / probs.sum(dim=-1, keepdim=True)).cpu(), attention
+
+    def _segment_inputs(
+        self,
+        segments: list[list[int]],
+        cache: DynamicCache | None,
+        past_mask: torch.Tensor | None,
+        past_length: int,
+    ) -> tuple[dict[str, Any], torch.Tensor]:
+        """Forward arguments for ``segments`` left-padded after a shared context (see
+        :meth:`_forward_segments`), and the attention mask of the rows' cache after it."""
         width = max(len(seg) for seg in segments)
         pad = int(self._tokenizer.pad_token_id)
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in segments], dtype=torch.long)
@@ -662,16 +686,14 @@ class TransformersBackend(Backend):
         if past_mask is not None:
             past = past_mask.to(segment_mask.dtype).expand(len(segments), -1)
             attention = torch.cat([past, segment_mask], dim=-1)
-        kwargs: dict[str, Any] = {"cache": cache, "use_cache": True} if cache is not None else {}
-        out = self._model(
-            input_ids=input_ids.to(self._device),
-            attention_mask=attention.to(self._device),
-            position_ids=positions.to(self._device),
-            logits_to_keep=1,
-            **kwargs,
-        )
-        probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)[:, choice_ids]
-        return (probs / probs.sum(dim=-1, keepdim=True)).cpu(), attention
+        inputs: dict[str, Any] = {
+            "input_ids": input_ids.to(self._device),
+            "attention_mask": attention.to(self._device),
+            "position_ids": positions.to(self._device),
+        }
+        if cache is not None:
+            inputs.update(cache=cache, use_cache=True)
+        return inputs, attention
 
     def _cache_rows(self, cache: DynamicCache, row: int, n: int) -> DynamicCache:
         """A new cache holding row ``row`` of ``cache`` copied to ``n`` rows (plain KV
@@ -690,11 +712,39 @@ class TransformersBackend(Backend):
         return DynamicCache(ddp_cache_data=data, config=self._model.config)
 
     def _logprobs_blocking(
-        self, prompts: list[Prompt], responses: list[str], adapter: str | None
+        self,
+        prompts: list[Prompt],
+        responses: list[str],
+        adapter: str | None,
+        *,
+        share_prefixes: bool = True,
     ) -> list[float]:
+        """Sum of the response's token log-probabilities after its prompt, per pair.
+
+        With ``share_prefixes`` (the default) the prompts' shared token prefixes are
+        computed once (:func:`prefix_tree` over the prompts alone), as in
+        :meth:`_choice_blocking`: the contrastive judge scores every reply of a turn
+        under the same 24 persona + conversation prompts, so each of those is read once
+        per batch instead of once per reply. Each prompt's own tail and its response then
+        run on the prefix's cache, and only the response positions go through the
+        vocabulary projection. ``share_prefixes=False`` (or a model the shared path
+        cannot serve) is :func:`response_logprobs`, the trainer's function: the
+        reference the shared path equals within float tolerance.
+        """
         texts = [render_prompt(self._tokenizer, p) for p in prompts]
         max_length = int(getattr(self._model.config, "max_position_embeddings", 4096) or 4096)
         with self._use(adapter), torch.inference_mode():
+            parts = _decoder_and_head(self._model)
+            if share_prefixes and self._prefix_sharing and parts is not None:
+                pairs = [
+                    pair_ids(self._tokenizer, t, r, max_length=max_length, append_eos=True)
+                    for t, r in zip(texts, responses, strict=True)
+                ]
+                if all(p for p, _ in pairs):
+                    out = torch.zeros(len(pairs), dtype=torch.float32)
+                    items = prefix_tree([p for p, _ in pairs])
+                    self._call_torch(self._logprob_items, parts, pairs, items, out, None)
+                    return [float(v) for v in out]
             values = self._call_torch(
                 response_logprobs,
                 self._model,
@@ -704,6 +754,53 @@ class TransformersBackend(Backend):
                 max_length=max_length,
             )
         return [float(v) for v in values.cpu()]
+
+    def _logprob_items(
+        self,
+        parts: tuple[Any, Any],
+        pairs: list[tuple[list[int], list[int]]],
+        items: list[int | PrefixNode],
+        out: torch.Tensor,
+        context: tuple[DynamicCache, int, torch.Tensor, int] | None,
+    ) -> None:
+        """:meth:`_score_items` for sequence scoring: a leaf's segment is the rest of its
+        prompt and then its response, whose summed token log-probabilities go to
+        ``out[index]``. A leaf keeps at least its prompt's last token (see
+        :func:`prefix_tree`), whose position predicts the response's first token."""
+        decoder, head = parts
+        length = 0 if context is None else context[3]
+        segments = [
+            pairs[item][0][length:] + pairs[item][1]
+            if isinstance(item, int)
+            else item.tokens[length:]
+            for item in items
+        ]
+        cache: DynamicCache | None = None
+        if context is not None:
+            cache = self._cache_rows(context[0], context[1], len(items))
+        elif any(isinstance(item, PrefixNode) for item in items):
+            cache = DynamicCache(config=self._model.config)
+        inputs, mask = self._segment_inputs(
+            segments, cache, None if context is None else context[2], length
+        )
+        hidden = decoder(**inputs).last_hidden_state
+        width = hidden.shape[1]
+        for k, item in enumerate(items):
+            if isinstance(item, PrefixNode):
+                assert cache is not None
+                self._logprob_items(
+                    parts, pairs, item.children, out, (cache, k, mask[k], len(item.tokens))
+                )
+                continue
+            response = pairs[item][1]
+            if not response:
+                continue  # nothing to score: log p = 0, as response_logprobs gives
+            # Segments are left-padded: the response fills the last columns, and each of
+            # its tokens is predicted one column earlier.
+            states = hidden[k, width - len(response) - 1 : width - 1]
+            logp = torch.log_softmax(head(states).float(), dim=-1)
+            target = torch.tensor(response, dtype=torch.long, device=logp.device)
+            out[item] = logp.gather(-1, target.unsqueeze(-1)).sum().cpu()
 
     def _load_adapter_blocking(self, name: str, path: str, sha256: str = "") -> None:
         """Load (or replace) adapter ``name`` from ``path``.

@@ -437,6 +437,31 @@ async def test_a_judge_pass_is_the_same_on_both_paths(
         assert shared.support[pair] == pytest.approx(values, abs=1e-5)
 
 
+async def test_a_contrastive_judge_pass_is_the_same_on_both_paths(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23's bar: the same readings within 1e-4, so the same edges and delivery."""
+    from counselor_engine.judge import Judge, JudgeContext
+
+    context = JudgeContext(
+        (("client", "I feel anxious about work."), ("counselor", _REPLIES[0])),
+        "My boss criticises everything I do and I cannot sleep.",
+        "Reflection",
+    )
+    candidates = [*_REPLIES, "It is okay."]
+    shared = await Judge(tiny_backend, evaluator="contrastive").judge_group(context, candidates)
+    plain_blocking = functools.partial(
+        TransformersBackend._logprobs_blocking, tiny_backend, share_prefixes=False
+    )
+    monkeypatch.setattr(tiny_backend, "_logprobs_blocking", plain_blocking)
+    plain = await Judge(tiny_backend, evaluator="contrastive").judge_group(context, candidates)
+    assert len(shared.judgments) == 6 * 2 * 12
+    assert [j.p_a for j in shared.judgments] == pytest.approx(
+        [j.p_a for j in plain.judgments], abs=1e-4
+    )
+    assert shared.support == plain.support
+
+
 async def test_shared_prefixes_work_for_any_choice_set(
     tiny_backend: TransformersBackend, chat_prompt: list[ChatMessage]
 ) -> None:
@@ -790,3 +815,85 @@ def test_the_gate_never_mixes_adapters() -> None:
     for t in threads:
         t.join()
     assert seen_mixed == []
+
+
+# -- sequence scoring on shared prefixes (the contrastive judge's calls) ------------------
+_PERSONAS = (
+    "You are a warm counselor who reflects feelings.",
+    "You are a careless responder who changes the subject.",
+    "You are a counselor who asks one open question at a time.",
+)
+
+
+def contrast_like_batch() -> tuple[list[list[ChatMessage]], list[str]]:
+    """Every reply under every persona + the same conversation (as the contrastive judge
+    asks), persona-major, with one unrelated prompt and a repeated reply in between."""
+    turns = [ChatMessage("user", "I feel anxious about work."), ChatMessage("assistant", "Go on.")]
+    prompts: list[list[ChatMessage]] = []
+    responses: list[str] = []
+    for persona in _PERSONAS:
+        for reply in (*_REPLIES, _REPLIES[0]):
+            prompts.append([ChatMessage("system", persona), *turns, ChatMessage("user", "Hm.")])
+            responses.append(reply)
+    prompts.insert(5, other_prompt())
+    responses.insert(5, "Paris is the capital of France.")
+    return prompts, responses
+
+
+def _record_segments(
+    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, list[int]]]:
+    """Records every forward of the scoring path: (context length, segment lengths)."""
+    calls: list[tuple[int, list[int]]] = []
+    real = backend._segment_inputs
+
+    def spy(segments, cache, past_mask, past_length):  # type: ignore[no-untyped-def]
+        calls.append((past_length, [len(s) for s in segments]))
+        return real(segments, cache, past_mask, past_length)
+
+    monkeypatch.setattr(backend, "_segment_inputs", spy)
+    return calls
+
+
+@pytest.mark.parametrize("adapter", [None, "v1"])
+async def test_sequence_scores_on_shared_prefixes_equal_the_trainers_function(
+    tiny_backend: TransformersBackend,
+    tiny_adapter_paths: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    adapter: str | None,
+) -> None:
+    """Issue 23: the speed comes from reading shared tokens once, never from scoring
+    differently: every score equals response_logprobs' (the plain path) in input order."""
+    await tiny_backend.load_adapter("v1", str(tiny_adapter_paths["v1"]))
+    prompts, responses = contrast_like_batch()
+    plain = tiny_backend._logprobs_blocking(prompts, responses, adapter, share_prefixes=False)
+    forwards = _record_segments(tiny_backend, monkeypatch)
+    shared = await tiny_backend.sequence_logprobs(prompts, responses, adapter=adapter)
+    assert shared == pytest.approx(plain, rel=1e-5, abs=1e-4)
+    assert len(set(shared)) > len(shared) // 2  # the scores really differ
+    # Each persona + conversation was read once, not once per reply.
+    assert len(forwards) > 1 and max(past for past, _ in forwards) >= 32
+    tokens = tiny_backend.tokenizer
+    whole = sum(
+        len(tokens(render_prompt(tokens, p) + r, add_special_tokens=False)["input_ids"]) + 1
+        for p, r in zip(prompts, responses, strict=True)
+    )
+    assert sum(sum(lengths) for _, lengths in forwards) < 0.6 * whole
+    # Reversed input, reversed scores; one pair alone scores the same as in the batch.
+    again = await tiny_backend.sequence_logprobs(prompts[::-1], responses[::-1], adapter=adapter)
+    assert again == pytest.approx(shared[::-1], rel=1e-5, abs=1e-4)
+    [alone] = await tiny_backend.sequence_logprobs(prompts[7:8], responses[7:8], adapter=adapter)
+    assert alone == pytest.approx(shared[7], rel=1e-5, abs=1e-4)
+
+
+async def test_sequence_scores_with_nothing_shared_take_the_plain_forward(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = [other_prompt(), [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]]
+    responses = ["Paris.", ""]
+    plain = tiny_backend._logprobs_blocking(prompts, responses, None, share_prefixes=False)
+    forwards = _record_segments(tiny_backend, monkeypatch)
+    assert await tiny_backend.sequence_logprobs(prompts, responses) == pytest.approx(
+        plain, rel=1e-5, abs=1e-4
+    )
+    assert len(forwards) == 1 and forwards[0][0] == 0  # one forward, no shared context

@@ -149,12 +149,36 @@ async def test_a_persona_shift_per_word_does_not_favour_the_longer_reply() -> No
     assert judged.support[(0, 1)] == (0.0, 0.0)
 
 
-async def test_contrastive_reports_progress_per_reply() -> None:
+async def test_contrastive_reports_progress_after_each_call() -> None:
+    """In the A/B judge's units (3 replies: 6 pairs in both orders), from 0 to done, one
+    step per backend call; persona-major chunks of whole personas (batch 18: 6 personas
+    x 3 replies), so 24 personas take 4 calls."""
     seen: list[tuple[int, int]] = []
-    await Judge(FramingBackend("BEST"), evaluator="contrastive").judge_group(
+    backend = FramingBackend("BEST")
+    await Judge(backend, evaluator="contrastive", batch_size=20).judge_group(
         CONTEXT, ["a", "BEST", "c"], on_progress=lambda d, t: seen.append((d, t))
     )
-    assert seen == [(0, 6), (2, 6), (4, 6), (6, 6)]
+    assert backend.batches == [18, 18, 18, 18]
+    assert seen == [(0, 6), (2, 6), (3, 6), (4, 6), (6, 6)]
+
+
+async def test_contrastive_sends_every_reply_under_one_persona_together() -> None:
+    """What lets a backend read each persona + conversation prompt once per call."""
+    backend = FramingBackend("BEST")
+    sent: list[list[tuple[str, str]]] = []
+    real = backend.sequence_logprobs
+
+    async def spy(prompts, responses, *, adapter=None):  # type: ignore[no-untyped-def]
+        sent.append([(p[0].content, r) for p, r in zip(prompts, responses, strict=True)])
+        return await real(prompts, responses, adapter=adapter)
+
+    backend.sequence_logprobs = spy  # type: ignore[method-assign]
+    replies = ["a", "BEST", "c", "d"]
+    await Judge(backend, evaluator="contrastive", batch_size=10).judge_group(CONTEXT, replies)
+    for call in sent:
+        assert len(call) == 8  # two whole personas of four replies each
+        assert [r for _, r in call] == replies * 2
+        assert len({persona for persona, _ in call[:4]}) == 1
 
 
 async def test_a_non_finite_contrast_score_makes_the_group_inadmissible() -> None:

@@ -1,0 +1,279 @@
+"""A judged turn before and after shared-prefix sequence scoring (issue 23), in one run.
+
+Run: ``.venv/bin/python -m bench.bench_turn [--model smollm2|tiny] [--tokens 160] [--reps 2]``.
+
+Arms, interleaved and alternating which goes first, on one backend (so one model in
+memory and the same machine load for both):
+
+- **before**: the scoring the turn had on main before this change: every contrastive
+  sequence scored in full (``_logprobs_blocking(share_prefixes=False)``, which is the
+  trainer's ``response_logprobs``), the choice calls on shared prefixes as before;
+- **after**: sequence scoring on shared prefixes too (the default now).
+
+Each repetition runs the same graph-mode ``Counselor.respond`` turn in both arms (same
+client, message, seed and judge, the evaluator measured best for the model), timing the
+generation and judge calls inside it, and checks that both arms deliver the same candidate
+with the same edges (the speed must come from not repeating work, never from judging
+less). Then:
+
+- a bare batched ``model.generate`` of the same prompt, N and tokens (``generate`` on the
+  backend: one prefill copied to N rows), against the turn's generation time;
+- the judge pass's lower bound: one forward over the distinct tokens its calls read (the
+  prompts' shared prefixes once, every prompt's own tail and response once), computed by
+  running exactly those token segments through the decoder, with the vocabulary projection
+  at response positions only, as independent rows.
+
+Figures go to bench/RESULTS.md (section "judged turn (<model>)").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from bench._results import write_section
+from bench.bench_engine import MESSAGES, TimedBackend, model_path
+from counselor_engine.backends.base import GenerationParams, Prompt
+from counselor_engine.backends.transformers_backend import (
+    PrefixNode,
+    TransformersBackend,
+    _decoder_and_head,
+    pair_ids,
+    prefix_tree,
+    render_prompt,
+)
+from counselor_engine.counselor import (
+    ClientState,
+    Counselor,
+    CounselorConfig,
+    DoneEvent,
+    TurnRecord,
+)
+from counselor_engine.judge import Judge
+from counselor_engine.memory import MemoryStore
+
+
+class RecordingBackend(TimedBackend):
+    """Times each kind of call and keeps the judge's sequence-scoring calls."""
+
+    def __init__(self, inner: TransformersBackend) -> None:
+        super().__init__(inner)
+        self.by_call: dict[str, float] = {}
+        self.scored: list[tuple[list[Prompt], list[str] | None]] = []
+
+    async def _timed_as(self, kind: str, awaitable: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await awaitable
+        finally:
+            self.by_call[kind] = self.by_call.get(kind, 0.0) + time.perf_counter() - start
+
+    async def generate(self, prompt: Prompt, **kwargs: Any) -> list[str]:
+        return await self._timed_as("generate", self.inner.generate(prompt, **kwargs))
+
+    async def choice_probabilities(self, prompts: Any, choices: Any, **kw: Any) -> Any:
+        self.scored.append((list(prompts), None))
+        call = self.inner.choice_probabilities(prompts, choices, **kw)
+        return await self._timed_as("judge", call)
+
+    async def sequence_logprobs(self, prompts: Any, responses: Any, **kw: Any) -> Any:
+        self.scored.append((list(prompts), list(responses)))
+        call = self.inner.sequence_logprobs(prompts, responses, **kw)
+        return await self._timed_as("judge", call)
+
+
+async def one_turn(
+    backend: TransformersBackend, args: argparse.Namespace, name: str
+) -> tuple[dict[str, float], tuple[Any, ...], RecordingBackend]:
+    rec = RecordingBackend(backend)
+    params = GenerationParams(max_new_tokens=args.tokens, temperature=0.9, top_p=0.95)
+    # No time limit: the plain arm's judge alone can take minutes on a busy 2-core machine.
+    config = CounselorConfig(n_candidates=args.n, generation=params, seed=7, backend_timeout_s=1e5)
+    judge = Judge(rec, evaluator=args.evaluator)  # type: ignore[arg-type]
+    client = ClientState("bench-turn", "cbt", 1, 4, memory=MemoryStore())
+    counselor = Counselor(rec, config=config, judge=judge)  # type: ignore[arg-type]
+    counselor.start_session(client, None)
+    counselor.restore_turns(EARLIER)
+    start = time.perf_counter()
+    done, events = None, []
+    async for event in counselor.respond(MESSAGES[2]):
+        events.append(event)
+        if isinstance(event, DoneEvent):
+            done = event
+    wall = time.perf_counter() - start
+    if done is None:
+        raise RuntimeError(f"the turn ended without a reply: {events[-1]!r}")
+    edges = tuple(sorted((e["winner"], e["loser"]) for e in done.group.edges)) if done.group else ()
+    outcome = (done.reply, edges)
+    return {"wall": wall, **rec.by_call}, outcome, rec
+
+
+# Two earlier exchanges, so the judged turn has a mid-session context to share.
+EARLIER = [
+    TurnRecord(k, message, reply, None, None, None, "none", None)
+    for k, (message, reply) in enumerate(
+        zip(
+            MESSAGES[:2],
+            (
+                "That sounds exhausting. What does the anxiety feel like when it shows up at "
+                "work, and what do you usually do when it starts?",
+                "It sounds as if every comment lands hard and stays with you. What goes "
+                "through your mind in the moment your manager points something out?",
+            ),
+            strict=True,
+        )
+    )
+]
+
+
+def distinct_segments(
+    backend: TransformersBackend, calls: Sequence[tuple[list[Prompt], list[str] | None]]
+) -> tuple[list[list[int]], int, int]:
+    """The token segments a judge pass must read at least once (each shared prefix's own
+    tokens, each prompt's own tail and its response), how many positions need the
+    vocabulary projection (every response token; one per choice prompt), and how many
+    tokens the calls hold in full."""
+    tok = backend.tokenizer
+    max_length = int(backend.model.config.max_position_embeddings)
+    segments: list[list[int]] = []
+    heads = whole = 0
+    for prompts, replies in calls:
+        pairs = [
+            pair_ids(tok, render_prompt(tok, p), r, max_length=max_length, append_eos=True)
+            if replies is not None
+            else (list(tok(render_prompt(tok, p), add_special_tokens=False)["input_ids"]), [])
+            for p, r in zip(prompts, replies or [""] * len(prompts), strict=True)
+        ]
+        heads += sum(len(r) or 1 for _, r in pairs)
+        whole += sum(len(p) + len(r) for p, r in pairs)
+        segments += _walk(prefix_tree([p for p, _ in pairs]), pairs, 0)
+    return segments, heads, whole
+
+
+def _walk(
+    items: list[int | PrefixNode], pairs: list[tuple[list[int], list[int]]], depth: int
+) -> list[list[int]]:
+    out: list[list[int]] = []
+    for item in items:
+        if isinstance(item, PrefixNode):
+            out.append(item.tokens[depth:])
+            out += _walk(item.children, pairs, len(item.tokens))
+        else:
+            out.append(pairs[item][0][depth:] + pairs[item][1])
+    return out
+
+
+def lower_bound_seconds(
+    backend: TransformersBackend, segments: list[list[int]], heads: int
+) -> float:
+    """One forward over ``segments`` as independent rows (48 a batch, length-sorted),
+    plus the vocabulary projection of ``heads`` positions."""
+    parts = _decoder_and_head(backend.model)
+    assert parts is not None
+    decoder, head = parts
+    pad = int(backend.tokenizer.pad_token_id)
+    ordered = sorted(segments, key=len)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for k in range(0, len(ordered), 48):
+            rows = ordered[k : k + 48]
+            width = max(map(len, rows))
+            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+            mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            projected = hidden[mask.bool()][:heads]
+            heads -= projected.shape[0]
+            torch.log_softmax(head(projected).float(), dim=-1)
+    return time.perf_counter() - start
+
+
+async def bare_generate(backend: TransformersBackend, args: argparse.Namespace) -> float:
+    """The same generation as the turn's (its prompt, N, tokens), with nothing around it."""
+    params = GenerationParams(max_new_tokens=args.tokens, temperature=0.9, top_p=0.95, seed=7)
+    counselor = Counselor(backend, config=CounselorConfig(n_candidates=args.n, seed=7))
+    counselor.start_session(ClientState("bare", "cbt", 1, 4, memory=MemoryStore()), None)
+    prompt = counselor._prompt(MESSAGES[2], "CBT1", concern=False)
+    start = time.perf_counter()
+    await backend.generate(prompt, n=args.n, params=params)
+    return time.perf_counter() - start
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    name, path = model_path(args.model)
+    backend = TransformersBackend(path)
+    shared = backend._logprobs_blocking
+    plain = functools.partial(TransformersBackend._logprobs_blocking, backend, share_prefixes=False)
+    arms: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    outcomes: dict[str, set[tuple[Any, ...]]] = {"before": set(), "after": set()}
+    recorded: RecordingBackend | None = None
+    bench_start = time.perf_counter()
+    await one_turn(backend, args, name)  # warm-up: the embedder and crisis readers load once
+    for rep in range(args.reps):
+        order = ("before", "after") if rep % 2 == 0 else ("after", "before")
+        for arm in order:
+            backend._logprobs_blocking = plain if arm == "before" else shared  # type: ignore[method-assign]
+            figures, outcome, rec = await one_turn(backend, args, name)
+            arms[arm].append(figures)
+            outcomes[arm].add(outcome)
+            recorded = rec if arm == "after" else recorded
+    backend._logprobs_blocking = shared  # type: ignore[method-assign]
+    bare = statistics.median([await bare_generate(backend, args) for _ in range(args.reps)])
+    assert recorded is not None
+    segments, heads, read = distinct_segments(backend, recorded.scored)
+    bound = statistics.median(
+        [lower_bound_seconds(backend, segments, heads) for _ in range(args.reps)]
+    )
+    med = {
+        arm: {k: statistics.median(f[k] for f in runs) for k in ("wall", "generate", "judge")}
+        for arm, runs in arms.items()
+    }
+    b, a = med["before"], med["after"]
+    same = outcomes["before"] == outcomes["after"] and len(outcomes["after"]) == 1
+    outside = 100 * (a["wall"] - a["judge"] - a["generate"]) / a["wall"]
+    distinct = sum(map(len, segments))
+    body = f"""Model `{name}`, one graph-mode turn: N = {args.n} candidates, {args.tokens} new tokens,
+the `{args.evaluator}` evaluator (12 criteria), {args.reps} interleaved repetitions
+of each arm after one warm-up turn, medians; torch threads = default.
+Bench wall time {time.perf_counter() - bench_start:.0f} s.
+Both arms delivered the same candidate with the same edges in every repetition: **{same}**.
+
+| measure | before (full sequences) | after (shared prefixes) | after / before |
+| --- | --- | --- | --- |
+| whole turn | {b["wall"]:.1f} s | {a["wall"]:.1f} s | **{a["wall"] / b["wall"]:.2f}x** |
+| judge calls in the turn | {b["judge"]:.1f} s | {a["judge"]:.1f} s | **{a["judge"] / b["judge"]:.2f}x** |
+| generation in the turn | {b["generate"]:.1f} s | {a["generate"]:.1f} s | |
+
+| measure | value | target |
+| --- | --- | --- |
+| judge tokens read (full sequences) / distinct | {read} / {distinct} | |
+| judge pass lower bound: one forward over the distinct tokens | {bound:.1f} s | |
+| judge calls after / lower bound | **{a["judge"] / bound:.2f}x** | <= 1.5x |
+| bare batched generate of the same N x tokens | {bare:.1f} s | |
+| turn's generation / bare | **{a["generate"] / bare:.2f}x** | <= 1.2x |
+| engine time outside model calls (after) | {outside:.1f}% of the turn | < 5% |
+"""
+    print(body)
+    write_section(f"judged turn ({name})", body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("auto", "smollm2", "tiny"), default="auto")
+    parser.add_argument("--n", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=160)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument(
+        "--evaluator", default="contrastive", help="the judge's (SmolLM2's default: contrastive)"
+    )
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

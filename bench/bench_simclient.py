@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -66,12 +67,17 @@ class Recording:
         return await self.backend.choice_probabilities(prompts, choices, adapter=adapter)
 
 
+def write_json(path: Path, rows: list[dict[str, object]]) -> None:
+    path.write_text(json.dumps(rows, indent=1))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="")
     parser.add_argument("--per-profile", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--remind", action="store_true", help="SimulatedClient(remind=True)")
+    parser.add_argument("--dump", default="", help="write every message and its figures (JSON)")
     args = parser.parse_args()
     from counselor_engine.backends.transformers_backend import TransformersBackend
     from counselor_engine.models import resolve_model_path
@@ -116,12 +122,21 @@ async def main() -> None:
     raw = [clean_message(s, "") for s in backend.samples]
     confused = sum(1 for s in raw if role_confusion(s)) + sum(1 for s in raw if not s)
     n = len(sent)
+    made = np.array([not f for _, _, f in sent])  # the model's own words, not the fallback
+    if args.dump:
+        rows = [
+            {"profile": profiles[k].id, "text": t, "fallback": f, "cosine": float(c)}
+            for (k, t, f), c in zip(sent, own, strict=True)
+        ]
+        write_json(Path(args.dump), rows)
     body = (
         f"Model `{path.name}`, {n} messages ({len(profiles)} profiles x {args.per_profile}: "
         f"opening + scripted counselor replies), 3 candidates each, {args.tokens} new tokens, "
         f"reminder {'on' if args.remind else 'off'}.\n\n"
         f"| figure | value |\n|---|---:|\n"
         f"| on profile (cosine to own problem >= {threshold:.2f}) | {np.mean(own >= threshold):.0%} |\n"
+        f"| on profile, generated messages only (fallbacks left out) | "
+        f"{np.mean(own[made] >= threshold) if made.any() else 0:.0%} of {int(made.sum())} |\n"
         f"| own problem is the nearest of the 20 | {nearest.mean():.0%} |\n"
         f"| mean cosine to own problem | {own.mean():.2f} |\n"
         f"| crisis-flag share (target 0: no crisis profiles) | {np.mean(crisis):.0%} |\n"

@@ -62,6 +62,11 @@ async def test_it_falls_back_to_the_profiles_own_words_when_the_model_writes_not
         "You're safe. I'll make sure you're not alone and I'll always take care of you.",
         "As an AI language model, I cannot have feelings.",
         "Counselor: What brings you here?",
+        # Written by SmolLM2 as the client and sent before these were recognised:
+        "I'm so glad you're here. My name is Sam, and I'm a mental health counselor.",
+        "I'm glad you came, and I'd just like to talk about something.",
+        "I've been doing a lot of work with my client and I want to start there.",
+        "How would you like to talk about something? You want to talk about this week?",
     ],
 )
 async def test_counselor_talk_is_never_sent_as_the_clients_message(text: str) -> None:
@@ -92,6 +97,7 @@ async def test_a_candidate_the_crisis_detector_reads_as_crisis_is_not_sent() -> 
 def test_role_confusion_names_what_it_found() -> None:
     assert role_confusion("I'm here to help you.") == 'counselor talk: "i\'m here to help"'
     assert role_confusion("I keep rereading every figure, sorry.") is None
+    assert role_confusion("I'm glad I came. My counselor at school never listened.") is None
     assert role_confusion("(Clara waits for the counselor.)") is not None
     assert clean_message("Client: I told you: it's hard.", "Maya") == "I told you: it's hard."
     assert clean_message("Counselor: how are you?", "Maya") == ""

@@ -112,6 +112,16 @@ def _free_port() -> int:
 
 
 @pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections (kernel backlog) but never answers: a server that
+    hangs, for the backends' timeouts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield int(s.getsockname()[1])
+
+
+@pytest.fixture
 def private_redis(tmp_path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
     binary = shutil.which("redis-server")
     if binary is None:

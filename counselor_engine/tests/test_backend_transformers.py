@@ -411,17 +411,24 @@ async def test_shared_prefixes_give_the_plain_forward_probabilities_in_input_ord
         _assert_close(_plain(tiny_backend, [batch[k]]), [got[k]])
 
 
-async def test_a_judge_pass_is_the_same_on_both_paths(
-    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from counselor_engine.judge import Judge, JudgeContext
+def _judged_group():  # type: ignore[no-untyped-def]
+    """A mid-session context and four candidates, for whole judge passes on both paths."""
+    from counselor_engine.judge import JudgeContext
 
     context = JudgeContext(
         (("client", "I feel anxious about work."), ("counselor", _REPLIES[0])),
         "My boss criticises everything I do and I cannot sleep.",
         "Reflection",
     )
-    candidates = [*_REPLIES, "It is okay."]
+    return context, [*_REPLIES, "It is okay."]
+
+
+async def test_a_judge_pass_is_the_same_on_both_paths(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from counselor_engine.judge import Judge
+
+    context, candidates = _judged_group()
     shared = await Judge(tiny_backend).judge_group(context, candidates)
     plain_blocking = functools.partial(
         TransformersBackend._choice_blocking, tiny_backend, share_prefixes=False
@@ -441,14 +448,9 @@ async def test_a_contrastive_judge_pass_is_the_same_on_both_paths(
     tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 23's bar: the same readings within 1e-4, so the same edges and delivery."""
-    from counselor_engine.judge import Judge, JudgeContext
+    from counselor_engine.judge import Judge
 
-    context = JudgeContext(
-        (("client", "I feel anxious about work."), ("counselor", _REPLIES[0])),
-        "My boss criticises everything I do and I cannot sleep.",
-        "Reflection",
-    )
-    candidates = [*_REPLIES, "It is okay."]
+    context, candidates = _judged_group()
     shared = await Judge(tiny_backend, evaluator="contrastive").judge_group(context, candidates)
     plain_blocking = functools.partial(
         TransformersBackend._logprobs_blocking, tiny_backend, share_prefixes=False

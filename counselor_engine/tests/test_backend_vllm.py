@@ -7,7 +7,6 @@ import asyncio
 import math
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -232,15 +231,6 @@ async def test_a_refused_connection_is_a_backend_error(chat_prompt: list[ChatMes
     with pytest.raises(BackendError, match="unreachable"):
         async for _ in backend.generate_stream(chat_prompt, n=1, params=PARAMS):
             pass
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections (kernel backlog) but never answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(8)
-        yield int(s.getsockname()[1])
 
 
 async def test_a_server_that_never_answers_times_out(

@@ -4,9 +4,7 @@ on its own backend; it never reads an adapter."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -68,15 +66,6 @@ async def test_a_judge_server_without_its_url_is_a_backend_error(settings, fresh
     with pytest.raises(BackendError, match="PSYEVO_JUDGE_VLLM_URL"):
         await runtime.get_judge_backend().get()  # type: ignore[attr-defined]
     assert runtime.judge_model_name() == "some-judge"
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections (kernel backlog) but never answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(8)
-        yield int(s.getsockname()[1])
 
 
 async def test_a_judge_server_gets_the_configured_timeout(

@@ -368,7 +368,7 @@ def _bench_evidence(args: argparse.Namespace) -> None:
 
 def worker_objectives(args: argparse.Namespace) -> dict[str, Any]:
     """LiPO, pairwise DPO and no-SOCA on one batch, each from the same fresh adapter."""
-    from counselor_engine.counselor import raw_preference_edges
+    from counselor_engine.soca import raw_preference_edges
     from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
 
     raw_groups = build_groups(args.prompt_words, args.reply_words)

@@ -20,8 +20,9 @@ from django.conf import settings
 from counselor_engine.backends import Backend, BackendError, make_backend
 from counselor_engine.backends.base import GenerationParams, Prompt, StreamEvent
 from counselor_engine.backends.process_backend import ProcessBackend
-from counselor_engine.counselor import Counselor, CounselorConfig, stable_seed
+from counselor_engine.counselor import Counselor, CounselorConfig
 from counselor_engine.judge import Judge, default_evaluator, position_bias_for
+from counselor_engine.seeds import stable_seed
 from counselor_engine.skills import PriorTable
 from webapp.counseling.models import Session
 

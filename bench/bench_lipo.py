@@ -220,7 +220,7 @@ def worker_trl(args: argparse.Namespace) -> dict[str, Any]:
     from trl import DPOConfig, DPOTrainer
 
     from counselor_engine.backends.base import ChatMessage
-    from counselor_engine.backends.transformers_backend import render_prompt
+    from counselor_engine.torchkit import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if tokenizer.pad_token_id is None:

@@ -34,9 +34,9 @@ from typing import Any
 import torch
 
 from counselor_engine.backends.base import ChatMessage
-from counselor_engine.backends.transformers_backend import render_prompt, response_logprobs
-from counselor_engine.lipo import pairwise_dpo_loss, population_loss
+from counselor_engine.lipo.loss import pairwise_dpo_loss, population_loss
 from counselor_engine.soca import Edge
+from counselor_engine.torchkit import render_prompt, response_logprobs
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 LOSSES = ("lipo", "pairwise_dpo")

@@ -9,7 +9,7 @@
 - ``no_lipo``: the adapter stays fixed (applied by the training side).
 - ``pairwise_dpo``: unit-weight pairwise DPO over every SOCA edge, averaged over all pairs
   with no per-group normalisation, replaces the weighted group objective (applied by the
-  training side: ``counselor_engine.lipo.pairwise_dpo_loss``).
+  training side: ``counselor_engine.lipo.loss.pairwise_dpo_loss``).
 
 Each variant removes one component and keeps every other learning path. The variants'
 maths sits beside the equation it replaces (hbsp.py, soca.py), not here: the counselor

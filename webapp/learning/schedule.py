@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 
-from counselor_engine.lipo import sample_batch
+from counselor_engine.lipo.batch import sample_batch
 from webapp.learning.models import (
     CandidateGroup,
     LearningScope,
@@ -103,7 +103,7 @@ def available_graphs(*, lock: bool = False) -> list[GraphRef]:
 
 
 def pick_batch(graphs: list[GraphRef]) -> list[GraphRef] | None:
-    """``counselor_engine.lipo.sample_batch`` with the configured batch rules."""
+    """``counselor_engine.lipo.batch.sample_batch`` with the configured batch rules."""
     cfg: dict[str, Any] = settings.LIPO
     return sample_batch(
         graphs,

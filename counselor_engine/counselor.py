@@ -41,7 +41,7 @@ import asyncio
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -78,15 +78,19 @@ MODALITY_NAMES = {
 RATING_ITEMS = ("relationship", "goals_and_topics", "approach", "overall")
 
 
+def default_generation() -> GenerationParams:
+    """How a candidate is sampled unless the caller says otherwise; callers that set one
+    knob (the web app's settings, the CLI) ``replace`` it on this."""
+    return GenerationParams(max_new_tokens=160, temperature=0.9, top_p=0.95)
+
+
 @dataclass(frozen=True)
 class CounselorConfig:
     """Every knob of a session in one place (paper defaults where the paper gives one)."""
 
     n_candidates: int = 5
     mode: Mode = "graph"
-    generation: GenerationParams = field(
-        default_factory=lambda: GenerationParams(max_new_tokens=160, temperature=0.9, top_p=0.95)
-    )
+    generation: GenerationParams = field(default_factory=lambda: default_generation())
     turn_budget: int = 12
     tau: float = 1.0
     epsilon: float = 0.05
@@ -593,10 +597,7 @@ class Counselor:
         base = self.config.generation
         if self.config.seed is None:
             return base
-        return GenerationParams(
-            max_new_tokens=base.max_new_tokens, temperature=base.temperature, top_p=base.top_p,
-            seed=stable_seed(self.config.seed, "turn", turn_index),
-        )  # fmt: skip
+        return replace(base, seed=stable_seed(self.config.seed, "turn", turn_index))
 
     def _prompt(self, text: str, skill_id: str, *, concern: bool) -> list[ChatMessage]:
         assert self.client is not None

@@ -35,7 +35,6 @@ import shutil
 import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
@@ -546,8 +545,8 @@ def fail_unfinished_version(run: TrainingRun, reason: str) -> None:
 
 
 def lease_deadline(now: datetime | None = None) -> datetime:
-    minutes: Any = settings.LIPO["lease_minutes"]
-    return (now or timezone.now()) + timedelta(minutes=float(minutes))
+    minutes: int = settings.LIPO.lease_minutes
+    return (now or timezone.now()) + timedelta(minutes=minutes)
 
 
 # -- serving hook -----------------------------------------------------------------------

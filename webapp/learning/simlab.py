@@ -498,4 +498,4 @@ def _finite(value: Any) -> float | None:
 
 
 def default_max_turns() -> int:
-    return int(getattr(settings, "PSYEVO_TURN_BUDGET", 12))
+    return int(settings.PSYEVO_TURN_BUDGET)

@@ -335,12 +335,12 @@ def test_it_finds_the_only_batch_with_enough_groups(case: tuple[list[Graph], int
 
 
 def test_it_samples_batches_without_loading_torch() -> None:
-    """webapp.learning imports the sampler in every web process; torch there would cost
-    seconds and hundreds of megabytes for a numpy knapsack."""
+    """The web side imports the sampler (webapp.learning) and the config (settings) in
+    every process; torch there would cost seconds and hundreds of megabytes."""
     code = (
         "import sys\n"
-        "import counselor_engine.lipo.batch\n"
-        "assert 'torch' not in sys.modules, 'the LiPO sampler imported torch'\n"
+        "import counselor_engine.lipo.batch, counselor_engine.lipo.config\n"
+        "assert 'torch' not in sys.modules, 'the LiPO sampler or config imported torch'\n"
     )
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(

@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import math
 import random
-import time
-from collections.abc import Callable
 
 from bench._results import write_section
+from bench.bench_math import per_call
 from counselor_engine.simulation.curriculum import CurriculumConfig, CurriculumController
 from counselor_engine.simulation.interaction import ALL_STATES
 
 INTENTS = [f"intent-{k}" for k in range(8)]  # the paper's eight support intents
 GROUP = [0.2, 0.55, 0.7, 0.4, 0.9, 0.51, 0.3, 0.8]  # K = 8 rollouts per group
-
-
-def per_call(fn: Callable[[], object], *, number: int, repeat: int = 5) -> float:
-    """CPU seconds per call, the best of ``repeat`` means (the machine is shared)."""
-    best = math.inf
-    for _ in range(repeat):
-        start = time.process_time()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.process_time() - start) / number)
-    return best
 
 
 class Baseline:

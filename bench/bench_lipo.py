@@ -39,6 +39,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,8 @@ def rss_mib() -> float:
 
 
 def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
-    from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
+    from counselor_engine.lipo.config import LipoConfig
+    from training_worker.trainer import LipoTrainer, TrainGroup, to_edges
 
     groups = [
         TrainGroup(
@@ -183,8 +185,8 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
         )
         for g in build_groups(args.prompt_words, args.reply_words)
     ]
-    config = TrainConfig(
-        rank=RANK, learning_rate=LR, steps=1, beta=BETA, max_length=args.max_length,
+    config = LipoConfig(
+        lora_rank=RANK, learning_rate=LR, steps=1, beta=BETA, max_length=args.max_length,
         micro_batch_tokens=args.micro_batch_tokens,
     )  # fmt: skip
     trainer = LipoTrainer(args.model, parent=None, config=config, device="cpu")
@@ -220,7 +222,7 @@ def worker_trl(args: argparse.Namespace) -> dict[str, Any]:
     from trl import DPOConfig, DPOTrainer
 
     from counselor_engine.backends.base import ChatMessage
-    from counselor_engine.backends.transformers_backend import render_prompt
+    from counselor_engine.torchkit import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if tokenizer.pad_token_id is None:
@@ -300,12 +302,12 @@ def worker_round(args: argparse.Namespace) -> dict[str, Any]:
     connection.settings_dict["TEST"]["NAME"] = f"test_{connection.settings_dict['NAME']}_lipobench"
     settings.PSYEVO_MODEL_PATH = args.model
     settings.ADAPTER_DIR = Path(args.scratch) / "adapters"
-    settings.LIPO = {
-        **settings.LIPO, "batch_edges": 320, "min_groups": 32, "modalities": list(MODALITIES),
-        "min_share": 0.2, "lora_rank": RANK, "learning_rate": LR, "steps": 3, "beta": BETA,
-        "max_length": args.max_length, "micro_batch_tokens": args.micro_batch_tokens,
-        "heldout_groups": 10, "side_by_side": 3, "side_by_side_tokens": 48,
-    }  # fmt: skip
+    settings.LIPO = replace(
+        settings.LIPO, batch_edges=320, min_groups=32, modalities=MODALITIES,
+        min_share=0.2, lora_rank=RANK, learning_rate=LR, steps=3, beta=BETA,
+        max_length=args.max_length, micro_batch_tokens=args.micro_batch_tokens,
+        heldout_groups=10, side_by_side=3, side_by_side_tokens=48,
+    )  # fmt: skip
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     try:
         _bench_evidence(args)
@@ -368,8 +370,9 @@ def _bench_evidence(args: argparse.Namespace) -> None:
 
 def worker_objectives(args: argparse.Namespace) -> dict[str, Any]:
     """LiPO, pairwise DPO and no-SOCA on one batch, each from the same fresh adapter."""
-    from counselor_engine.counselor import raw_preference_edges
-    from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
+    from counselor_engine.lipo.config import LipoConfig
+    from counselor_engine.soca import raw_preference_edges
+    from training_worker.trainer import LipoTrainer, TrainGroup, to_edges
 
     raw_groups = build_groups(args.prompt_words, args.reply_words)
     supports = batch_supports(raw_groups)
@@ -391,8 +394,8 @@ def worker_objectives(args: argparse.Namespace) -> dict[str, Any]:
         ("pairwise_dpo", "pairwise_dpo", soca_groups),
         ("no_soca", "lipo", train_groups(no_soca=True)),
     ):
-        config = TrainConfig(
-            rank=RANK, learning_rate=args.objective_lr, steps=1, beta=BETA,
+        config = LipoConfig(
+            lora_rank=RANK, learning_rate=args.objective_lr, steps=1, beta=BETA,
             max_length=args.max_length, micro_batch_tokens=args.micro_batch_tokens, loss=loss,
         )  # fmt: skip
         trainer = LipoTrainer(args.model, parent=None, config=config, device="cpu")

@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ Say = Callable[[str], None]
 
 def loop_settings(plan: LoopPlan, workdir: Path) -> dict[str, Any]:
     """The settings the run overrides: the default model in process, short replies,
-    adapters and reports in ``workdir``, the scaled-down LIPO dict."""
+    adapters and reports in ``workdir``, LIPO scaled down."""
     from django.conf import settings
 
     from counselor_engine.models import ensure_default_model
@@ -123,7 +123,7 @@ def loop_settings(plan: LoopPlan, workdir: Path) -> dict[str, Any]:
         "PSYEVO_MAX_NEW_TOKENS": plan.max_new_tokens,
         "ADAPTER_DIR": workdir / "adapters",
         "SIMULATION_REPORT_DIR": workdir / "reports",
-        "LIPO": {**settings.LIPO, **plan.lipo, "queue": f"training-loop-{uuid.uuid4().hex}"},
+        "LIPO": replace(settings.LIPO, **{**plan.lipo, "queue": f"training-loop-{uuid.uuid4().hex}"}),
     }
 
 

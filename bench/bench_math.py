@@ -21,7 +21,7 @@ import numpy as np
 
 from bench._results import write_section
 from counselor_engine.hbsp import SkillPosterior
-from counselor_engine.lipo import sample_batch
+from counselor_engine.lipo.batch import sample_batch
 from counselor_engine.skills import MODALITIES, PriorTable, skills_for
 from counselor_engine.soca import build_preference_graph
 

@@ -41,14 +41,7 @@ import torch
 from bench._results import write_section
 from bench.bench_engine import MESSAGES, TimedBackend, model_path
 from counselor_engine.backends.base import GenerationParams, Prompt
-from counselor_engine.backends.transformers_backend import (
-    PrefixNode,
-    TransformersBackend,
-    _decoder_and_head,
-    pair_ids,
-    prefix_tree,
-    render_prompt,
-)
+from counselor_engine.backends.transformers_backend import TransformersBackend
 from counselor_engine.counselor import (
     ClientState,
     Counselor,
@@ -58,6 +51,13 @@ from counselor_engine.counselor import (
 )
 from counselor_engine.judge import Judge
 from counselor_engine.memory import MemoryStore
+from counselor_engine.torchkit import (
+    PrefixNode,
+    decoder_and_head,
+    pair_ids,
+    prefix_tree,
+    render_prompt,
+)
 
 
 class RecordingBackend(TimedBackend):
@@ -175,7 +175,7 @@ def lower_bound_seconds(
 ) -> float:
     """One forward over ``segments`` as independent rows (48 a batch, length-sorted),
     plus the vocabulary projection of ``heads`` positions."""
-    parts = _decoder_and_head(backend.model)
+    parts = decoder_and_head(backend.model)
     assert parts is not None
     decoder, head = parts
     pad = int(backend.tokenizer.pad_token_id)

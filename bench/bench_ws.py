@@ -417,8 +417,8 @@ async def run_bare(args: argparse.Namespace, model_path: Path) -> Run:
         Counselor,
         DoneEvent,
         ErrorEvent,
-        stable_seed,
     )
+    from counselor_engine.seeds import stable_seed
     from webapp.counseling.runtime import counselor_config, prior_table
 
     @_dataclass(frozen=True)

@@ -592,7 +592,7 @@ def round_after_the_run(run_id: int) -> dict[str, Any]:
 
     run = TrainingRun.objects.get(pk=run_id)
     held = CandidateGroup.objects.filter(lease_run_id=run_id, buffer_status="reserved").count()
-    later = timezone.now() + timedelta(minutes=float(cast(Any, settings.LIPO)["lease_minutes"]) + 1)
+    later = timezone.now() + timedelta(minutes=settings.LIPO.lease_minutes + 1)
     released = release_expired_leases(now=later)
     after = TrainingRun.objects.get(pk=run_id)
     return {

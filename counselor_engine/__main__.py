@@ -20,8 +20,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from counselor_engine.backends.base import GenerationParams
-
 
 def _data_dir() -> Path:
     from counselor_engine.models import default_data_dir
@@ -40,14 +38,12 @@ def _backend(args: argparse.Namespace) -> Any:
 
 
 def _config(args: argparse.Namespace, seed: int) -> Any:
-    from counselor_engine.counselor import CounselorConfig
+    from counselor_engine.counselor import CounselorConfig, default_generation
 
     return CounselorConfig(
         n_candidates=args.n,
         mode=args.mode,
-        generation=GenerationParams(
-            max_new_tokens=args.max_new_tokens, temperature=0.9, top_p=0.95
-        ),
+        generation=replace(default_generation(), max_new_tokens=args.max_new_tokens),
         seed=seed,
         candidate_strategy=args.strategy,
     )
@@ -222,7 +218,7 @@ def _pick_profiles(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from counselor_engine.counselor import CounselorConfig
+    from counselor_engine.counselor import CounselorConfig, default_generation
     from counselor_engine.simulation import Ablation, CurriculumController, run_courses, summarize
 
     if args.sessions < 1 or args.max_turns < 1 or args.n < 1:
@@ -243,9 +239,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     config = CounselorConfig(
         n_candidates=args.n,
-        generation=GenerationParams(
-            max_new_tokens=args.max_new_tokens, temperature=0.9, top_p=0.95
-        ),
+        generation=replace(default_generation(), max_new_tokens=args.max_new_tokens),
         candidate_strategy=args.strategy,
     )
 

@@ -38,11 +38,10 @@ retry.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -58,16 +57,11 @@ from counselor_engine.backends.base import (
     StreamDelta,
     StreamDone,
 )
-from counselor_engine.hbsp import (
-    Decision,
-    PosteriorUpdate,
-    SkillPosterior,
-    SkillRecord,
-    skill_probabilities,
-)
+from counselor_engine.hbsp import Decision, PosteriorUpdate, SkillPosterior, shared_only_decision
 from counselor_engine.judge import GroupJudgment, Judge, JudgeContext
 from counselor_engine.mctsr import MctsrConfig, MctsrSearch, SearchResult
 from counselor_engine.memory import MemoryItem, MemoryStore, generate_recap, render_for_prompt
+from counselor_engine.seeds import stable_seed
 from counselor_engine.skills import MODALITIES, PriorTable, get_skill, skills_for
 from counselor_engine.states import encode_state
 from counselor_engine.text import strip_control
@@ -84,15 +78,19 @@ MODALITY_NAMES = {
 RATING_ITEMS = ("relationship", "goals_and_topics", "approach", "overall")
 
 
+def default_generation() -> GenerationParams:
+    """How a candidate is sampled unless the caller says otherwise; callers that set one
+    knob (the web app's settings, the CLI) ``replace`` it on this."""
+    return GenerationParams(max_new_tokens=160, temperature=0.9, top_p=0.95)
+
+
 @dataclass(frozen=True)
 class CounselorConfig:
     """Every knob of a session in one place (paper defaults where the paper gives one)."""
 
     n_candidates: int = 5
     mode: Mode = "graph"
-    generation: GenerationParams = field(
-        default_factory=lambda: GenerationParams(max_new_tokens=160, temperature=0.9, top_p=0.95)
-    )
+    generation: GenerationParams = field(default_factory=lambda: default_generation())
     turn_budget: int = 12
     tau: float = 1.0
     epsilon: float = 0.05
@@ -599,10 +597,7 @@ class Counselor:
         base = self.config.generation
         if self.config.seed is None:
             return base
-        return GenerationParams(
-            max_new_tokens=base.max_new_tokens, temperature=base.temperature, top_p=base.top_p,
-            seed=stable_seed(self.config.seed, "turn", turn_index),
-        )  # fmt: skip
+        return replace(base, seed=stable_seed(self.config.seed, "turn", turn_index))
 
     def _prompt(self, text: str, skill_id: str, *, concern: bool) -> list[ChatMessage]:
         assert self.client is not None
@@ -734,7 +729,7 @@ class Counselor:
         edges: list[soca.Edge] = []
         use_soca = self.config.use_soca
         if admissible and not use_soca:
-            edges = raw_preference_edges(n, judged.support)
+            edges = soca.raw_preference_edges(n, judged.support)
         elif admissible:
             edges = soca.build_preference_graph(
                 n, judged.support, floor=self.config.edge_floor, group_id=group_id
@@ -754,7 +749,7 @@ class Counselor:
             delivered = soca.select_delivered(n, edges, pointwise, admitted=admitted)
         else:
             support = judged.support if admissible else {}
-            delivered = raw_delivered(n, support, pointwise, admitted=admitted)
+            delivered = soca.raw_delivered(n, support, pointwise, admitted=admitted)
         problem = judged.problem
         if not any(admitted):
             admissible, problem = False, "output guard rejected every candidate"
@@ -837,7 +832,7 @@ class Counselor:
                 )
             else:  # ablation: the raw outcomes and reward, no Eq. 8
                 projected = reward
-                returns = unprojected_returns(values, reward, gamma=self.config.gamma)
+                returns = soca.unprojected_returns(values, reward, gamma=self.config.gamma)
             for (t, _), G in zip(judged, returns, strict=True):
                 credit[t] = G
                 turn = self.turns[t]
@@ -902,109 +897,8 @@ class Counselor:
         return added
 
 
-def stable_seed(*parts: object) -> int:
-    """A reproducible 63-bit seed from any parts (never Python's salted hash())."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-# --- Table 3 ablations (use_hbsp / use_soca = False) ------------------------------------------
-def shared_only_decision(
-    state: str,
-    valid_skills: Sequence[str],
-    shared_table: dict[str, float],
-    rng: np.random.Generator,
-    *,
-    pinned: str | None = None,
-    tau: float = 1.0,
-    epsilon: float = 0.05,
-) -> Decision:
-    """No-HBSP ablation: Eq. 3 over the shared table Q with the client residuals removed
-    (b = 0, sd 0), so the choice depends on Q, the state and the exploration only."""
-    skills = list(valid_skills)
-    q = [float(shared_table[s]) for s in skills]
-    if pinned is None:
-        probs = [float(p) for p in skill_probabilities(q, [0.0] * len(q), tau=tau, epsilon=epsilon)]
-        u, cumulative, index = rng.random() * sum(probs), 0.0, len(skills) - 1
-        for k, p in enumerate(probs):
-            cumulative += p
-            if u < cumulative:
-                index = k
-                break
-        chosen = skills[index]
-    else:
-        if pinned not in skills:
-            raise ValueError(f"pinned: {pinned!r} is not among the valid skills")
-        probs = [1.0 if s == pinned else 0.0 for s in skills]
-        chosen = pinned
-    records = {
-        s: SkillRecord(p, 0.0, 0.0, 0.0, v) for s, p, v in zip(skills, probs, q, strict=True)
-    }
-    return Decision(state, chosen, records, pinned is not None)
-
-
-def _raw_support(support: dict[tuple[int, int], tuple[float, float]], i: int, j: int) -> float:
-    """The raw single-order score: i's support share (Eq. 12) in the forward order only.
-
-    Choice (paper: "raw-score preferences replace consistency-checked candidate
-    preferences", App. C Table 9): the no-SOCA variant reads each pair once, as a judge
-    without SOCA would, so the second presentation order is ignored rather than averaged
-    in (averaging is itself a position-bias correction, i.e. part of what is ablated).
-    The forward order (lower index shown as A) is the one read. The judge still asks both
-    orders, so the stored evidence has the same shape in every variant.
-    """
-    forward, _backward = support[(i, j)]
-    return float(forward)
-
-
-def raw_preference_edges(
-    n: int, support: dict[tuple[int, int], tuple[float, float]]
-) -> list[soca.Edge]:
-    """No-SOCA ablation: a preference for every pair whose single-order raw score leans
-    either way, weight |2 p - 1|; no second order, no floor, no cycle removal."""
-    edges = []
-    for i, j in sorted(support):
-        p = _raw_support(support, i, j)
-        if p != 0.5 and i < n and j < n:
-            winner, loser = (i, j) if p > 0.5 else (j, i)
-            edges.append(soca.Edge(winner, loser, abs(2.0 * p - 1.0)))
-    return edges
-
-
-def raw_delivered(
-    n: int,
-    support: dict[tuple[int, int], tuple[float, float]],
-    pointwise: Sequence[float],
-    *,
-    admitted: Sequence[bool] | None = None,
-) -> int:
-    """No-SOCA delivery: highest total single-order raw support against the others, then
-    pointwise score, then lower index; among the ``admitted`` candidates (default all),
-    counting support between admitted candidates only."""
-    allowed = list(admitted) if admitted is not None else [True] * n
-    share = [0.0] * n
-    for i, j in support:
-        if not (allowed[i] and allowed[j]):
-            continue
-        p = _raw_support(support, i, j)
-        share[i] += p
-        share[j] += 1.0 - p
-    return max((k for k in range(n) if allowed[k]), key=lambda k: (share[k], pointwise[k], -k))
-
-
 def _fallback_after(passed: str) -> str:
     """The fallback as it follows the sentences already sent (none, or some)."""
     if not passed:
         return output_guard.FALLBACK
     return ("" if passed[-1].isspace() else " ") + output_guard.FALLBACK
-
-
-def unprojected_returns(outcomes: Sequence[float], reward: float, *, gamma: float) -> list[float]:
-    """No-SOCA credit: Eq. 9 on the raw outcomes, G_t = R_t + gamma G_{t+1}, G_{T+1} = the
-    raw session reward (no ordinal projection, Eq. 8)."""
-    G = float(reward)
-    returns = [0.0] * len(outcomes)
-    for t in range(len(outcomes) - 1, -1, -1):
-        G = float(outcomes[t]) + gamma * G
-        returns[t] = G
-    return returns

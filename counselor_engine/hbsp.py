@@ -303,6 +303,36 @@ class SkillPosterior:
         return posterior
 
 
+def shared_only_decision(
+    state: str,
+    valid_skills: Sequence[str],
+    shared_table: Mapping[str, float],
+    rng: np.random.Generator,
+    *,
+    pinned: str | None = None,
+    tau: float = TAU,
+    epsilon: float = EPSILON,
+) -> Decision:
+    """No-HBSP ablation (Table 3, ``CounselorConfig.use_hbsp = False``): Eq. 3 over the
+    shared table Q with the client residuals removed (b = 0, sd 0), so the choice depends
+    on Q, the state and the exploration only. No residual is drawn, so ``rng`` gives one
+    uniform per turn."""
+    skills = list(valid_skills)
+    q = [float(shared_table[s]) for s in skills]
+    if pinned is None:
+        probs = [float(p) for p in skill_probabilities(q, [0.0] * len(q), tau=tau, epsilon=epsilon)]
+        chosen = skills[_sample_index(probs, rng.random())]
+    else:
+        if pinned not in skills:
+            raise ValueError(f"pinned: {pinned!r} is not among the valid skills")
+        probs = [1.0 if s == pinned else 0.0 for s in skills]
+        chosen = pinned
+    records = {
+        s: SkillRecord(p, 0.0, 0.0, 0.0, v) for s, p, v in zip(skills, probs, q, strict=True)
+    }
+    return Decision(state, chosen, records, pinned is not None)
+
+
 def _check_state(state: Any, name: str = "state") -> str:
     if not isinstance(state, str) or state not in _SLOTS:
         raise ValueError(f"{name}: unknown state slot {state!r}")

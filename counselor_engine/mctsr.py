@@ -68,6 +68,7 @@ from typing import Any, Literal, TypeVar
 
 from counselor_engine.backends.base import Backend, BackendError, ChatMessage, GenerationParams
 from counselor_engine.judge import JudgeContext, _clip, _render_context
+from counselor_engine.seeds import stable_seed
 from counselor_engine.text import strip_control
 
 PROMPTS = Path(__file__).with_name("prompts")
@@ -411,8 +412,6 @@ class _State:
         p = self.params
         seed = p.seed
         if seed is not None:
-            from counselor_engine.counselor import stable_seed  # counselor imports this module
-
             seed = stable_seed(seed, "mctsr", self.calls)
         return replace(p, max_new_tokens=max_new_tokens or p.max_new_tokens, seed=seed)
 

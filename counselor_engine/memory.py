@@ -5,7 +5,10 @@ source (session, turn) and origin. A correction by the client or a clinician nev
 or deletes: it adds a new item with the same kind and source that ``supersedes`` the old
 one, and marks the old one ``superseded_by`` (paper, App. H.7: a wrong recap must be
 revisable "with its source preserved", and the audit trail must show what was believed
-before). Retiring hides an item from prompts, again without deleting it.
+before). Retiring hides an item from prompts, again without deleting it. Corrections and
+retirements are made on the stored rows (``webapp.memory.services``); the store here
+reads the links (:meth:`MemoryStore.from_dict`) and keeps superseded and retired items
+out of prompts.
 
 Retrieval ranks the active items by exact cosine similarity in numpy (a client's memory
 is small; see STYLE.md on pgvector). Memory text is client data that ends up in prompts,
@@ -158,17 +161,6 @@ class MemoryStore:
         """Items neither retired nor superseded, in creation order."""
         return [item for item in self._items.values() if item.is_active]
 
-    def history(self, item_id: str) -> list[MemoryItem]:
-        """The correction chain that ``item_id`` belongs to, oldest first."""
-        item = self.get(item_id)
-        while item.supersedes is not None:
-            item = self.get(item.supersedes)
-        chain = [item]
-        while chain[-1].superseded_by is not None:
-            chain.append(self.get(chain[-1].superseded_by))
-        return chain
-
-    # -- changes ---------------------------------------------------------------------------
     def add(
         self,
         kind: Kind,
@@ -188,51 +180,6 @@ class MemoryStore:
             created_at=self._clock(),
         )
         self._items[item.id] = item
-        return item
-
-    def correct(self, item_id: str, new_text: str, *, by: Origin) -> MemoryItem:
-        """Replace an item's text by a new item that keeps its kind and source.
-
-        The old item stays, marked ``superseded_by``; only the latest version of a chain
-        can be corrected (correcting an old version would fork the history).
-        """
-        old = self.get(item_id)
-        text = _check_text("new_text", new_text)
-        origin = _check_origin("by", by)
-        if old.superseded_by is not None:
-            raise ValueError(
-                f"item_id: {item_id!r} was already corrected by {old.superseded_by!r}; "
-                "correct the latest version"
-            )
-        if old.retired:
-            raise ValueError(f"item_id: {item_id!r} is retired")
-        new = MemoryItem(
-            id=self._new_id(),
-            kind=old.kind,
-            text=text,
-            source_session=old.source_session,
-            source_turn=old.source_turn,
-            origin=origin,
-            created_at=self._clock(),
-            supersedes=old.id,
-        )
-        old.superseded_by = new.id
-        self._items[new.id] = new
-        return new
-
-    def retire(self, item_id: str, *, by: Origin) -> MemoryItem:
-        """Hide the latest version of an item from prompts; the text is kept."""
-        item = self.get(item_id)
-        origin = _check_origin("by", by)
-        if item.superseded_by is not None:
-            raise ValueError(
-                f"item_id: {item_id!r} was corrected by {item.superseded_by!r}; "
-                "retire the latest version"
-            )
-        if item.retired:
-            raise ValueError(f"item_id: {item_id!r} is already retired")
-        item.retired = True
-        item.retired_by = origin
         return item
 
     # -- retrieval -------------------------------------------------------------------------

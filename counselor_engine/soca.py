@@ -278,6 +278,56 @@ def select_delivered(
     return max((k for k in range(n) if allowed[k]), key=lambda k: (depths[k], scores[k], -k))
 
 
+# --- Table 3 no-SOCA ablation (CounselorConfig.use_soca = False) ---------------------------
+def _raw_support(support: Mapping[tuple[int, int], tuple[float, float]], i: int, j: int) -> float:
+    """The raw single-order score: i's support share (Eq. 12) in the forward order only.
+
+    Choice (paper: "raw-score preferences replace consistency-checked candidate
+    preferences", App. C Table 9): the no-SOCA variant reads each pair once, as a judge
+    without SOCA would, so the second presentation order is ignored rather than averaged
+    in (averaging is itself a position-bias correction, i.e. part of what is ablated).
+    The forward order (lower index shown as A) is the one read. The judge still asks both
+    orders, so the stored evidence has the same shape in every variant.
+    """
+    forward, _backward = support[(i, j)]
+    return float(forward)
+
+
+def raw_preference_edges(
+    n: int, support: Mapping[tuple[int, int], tuple[float, float]]
+) -> list[Edge]:
+    """No-SOCA ablation: a preference for every pair whose single-order raw score leans
+    either way, weight |2 p - 1|; no second order, no floor, no cycle removal."""
+    edges = []
+    for i, j in sorted(support):
+        p = _raw_support(support, i, j)
+        if p != 0.5 and i < n and j < n:
+            winner, loser = (i, j) if p > 0.5 else (j, i)
+            edges.append(Edge(winner, loser, abs(2.0 * p - 1.0)))
+    return edges
+
+
+def raw_delivered(
+    n: int,
+    support: Mapping[tuple[int, int], tuple[float, float]],
+    pointwise: Sequence[float],
+    *,
+    admitted: Sequence[bool] | None = None,
+) -> int:
+    """No-SOCA delivery: highest total single-order raw support against the others, then
+    pointwise score, then lower index; among the ``admitted`` candidates (default all),
+    counting support between admitted candidates only."""
+    allowed = list(admitted) if admitted is not None else [True] * n
+    share = [0.0] * n
+    for i, j in support:
+        if not (allowed[i] and allowed[j]):
+            continue
+        p = _raw_support(support, i, j)
+        share[i] += p
+        share[j] += 1.0 - p
+    return max((k for k in range(n) if allowed[k]), key=lambda k: (share[k], pointwise[k], -k))
+
+
 def midranks(scores: Scores) -> list[float]:
     """Zero-based tie-aware ranks: tied values share the mean of their zero-based ranks."""
     values = _validate.vector("scores", scores)
@@ -373,11 +423,23 @@ def trajectory_returns(
     projected = ordinal_projection(turn_outcomes, scale=scale)
     G = _validate.unit("session_reward", session_reward)
     gamma = _validate.unit("gamma", gamma)
-    returns = [0.0] * len(projected)
-    for t in range(len(projected) - 1, -1, -1):
-        G = projected[t] + gamma * G
+    return _discounted_returns(projected, G, gamma)
+
+
+def _discounted_returns(rewards: Sequence[float], terminal: float, gamma: float) -> list[float]:
+    """The recursion of Eq. 9: G_t = r_t + gamma G_{t+1}, G_{T+1} = ``terminal``."""
+    G = float(terminal)
+    returns = [0.0] * len(rewards)
+    for t in range(len(rewards) - 1, -1, -1):
+        G = float(rewards[t]) + gamma * G
         returns[t] = G
     return returns
+
+
+def unprojected_returns(outcomes: Sequence[float], reward: float, *, gamma: float) -> list[float]:
+    """No-SOCA credit: Eq. 9 on the raw outcomes, G_{T+1} = the raw session reward (no
+    ordinal projection, Eq. 8)."""
+    return _discounted_returns(outcomes, reward, gamma)
 
 
 def projected_session_reward(history: Scores, *, scale: float = SCALE) -> float:

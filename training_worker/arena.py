@@ -28,33 +28,18 @@ import asyncio
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from counselor_engine.lipo.config import LipoConfig
+
 log = logging.getLogger(__name__)
 
 FAMILIES = ("c_shared", "c_spec", "l_shared", "l_spec", "overall")
 ACTIVE, CANDIDATE = "arena-active", "arena-candidate"
-
-
-@dataclass(frozen=True)
-class ArenaConfig:
-    clients: int = 2  # simulated clients per version; 0 skips the check
-    sessions: int = 1
-    turns: int = 3  # exchanges per session
-    candidates: int = 3  # the counselor's N during the arena
-    max_new_tokens: int = 64
-    tolerance: float = 0.5  # points on the 0-10 metric scale
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.clients < 0 or self.sessions < 1 or self.turns < 1 or self.candidates < 1:
-            raise ValueError("arena: clients >= 0, sessions, turns and candidates >= 1")
-        if not (self.tolerance >= 0 and math.isfinite(self.tolerance)):
-            raise ValueError("arena: tolerance must be a finite number >= 0")
 
 
 @dataclass(frozen=True)
@@ -115,15 +100,14 @@ def family_means(sessions: Sequence[Any]) -> dict[str, float | None]:
 
 
 async def _play(
-    spec: ArenaSpec, config: ArenaConfig
+    spec: ArenaSpec, config: LipoConfig
 ) -> tuple[dict[str, dict[str, float | None]], dict[str, dict[str, Any]]]:
     """Family means per version, and the output guard's rejections per version over
     every counselor candidate of the arena (reported, not gating: sampled candidates
     of a few sessions vary too much; the validation report's ``output_guard`` check
     gates on greedy replies instead)."""
     from counselor_engine.backends import make_backend
-    from counselor_engine.backends.base import GenerationParams
-    from counselor_engine.counselor import CounselorConfig
+    from counselor_engine.counselor import CounselorConfig, default_generation
     from counselor_engine.output_guard import rejection_counts
     from counselor_engine.simulation import run_course
 
@@ -132,8 +116,8 @@ async def _play(
     if spec.active_path is not None:
         await backend.load_adapter(ACTIVE, str(spec.active_path), sha256=spec.active_sha256)
     counselor = CounselorConfig(
-        n_candidates=config.candidates,
-        generation=GenerationParams(max_new_tokens=config.max_new_tokens, temperature=0.9),
+        n_candidates=config.arena_candidates,
+        generation=replace(default_generation(), max_new_tokens=config.side_by_side_tokens),
         seed=config.seed,
     )
     results: dict[str, dict[str, float | None]] = {}
@@ -143,13 +127,13 @@ async def _play(
         ("candidate", CANDIDATE),
     ):
         sessions = []
-        for i, profile in enumerate(profiles(config.clients)):
+        for i, profile in enumerate(profiles(config.arena_clients)):
             course = await run_course(
                 backend,
                 backend,
                 profile,
-                sessions=config.sessions,
-                max_turns=config.turns,
+                sessions=config.arena_sessions,
+                max_turns=config.arena_turns,
                 curriculum=None,
                 rng=np.random.default_rng([config.seed, i]),  # same states for both
                 judge_backend=backend,
@@ -162,9 +146,9 @@ async def _play(
     return results, guard
 
 
-def arena_check(spec: ArenaSpec | None, config: ArenaConfig) -> dict[str, Any]:
+def arena_check(spec: ArenaSpec | None, config: LipoConfig) -> dict[str, Any]:
     """The validation report's ``arena`` entry (see the module docstring for the rule)."""
-    if spec is None or config.clients == 0:
+    if spec is None or config.arena_clients == 0:
         return {
             "name": "arena",
             "passed": True,
@@ -172,15 +156,18 @@ def arena_check(spec: ArenaSpec | None, config: ArenaConfig) -> dict[str, Any]:
             "detail": "arena disabled for this round (no simulated clients configured)",
         }
     results, guard = asyncio.run(_play(spec, config))
-    passed, compared, dropped = compare(results["active"], results["candidate"], config.tolerance)
+    passed, compared, dropped = compare(
+        results["active"], results["candidate"], config.arena_tolerance
+    )
     if not compared:
         detail = "no metric family could be compared (no applicable judge items)"
     elif dropped:
-        detail = f"candidate worse than {config.tolerance:g} points on: {', '.join(dropped)}"
+        detail = f"candidate worse than {config.arena_tolerance:g} points on: {', '.join(dropped)}"
     else:
         overall = results["candidate"].get("overall"), results["active"].get("overall")
-        detail = f"not worse beyond {config.tolerance:g} points on {len(compared)} families" + (
-            f" (overall {overall[0]:.2f} vs {overall[1]:.2f})" if None not in overall else ""
+        detail = (
+            f"not worse beyond {config.arena_tolerance:g} points on {len(compared)} families"
+            + (f" (overall {overall[0]:.2f} vs {overall[1]:.2f})" if None not in overall else "")
         )
     return {
         "name": "arena",
@@ -190,10 +177,10 @@ def arena_check(spec: ArenaSpec | None, config: ArenaConfig) -> dict[str, Any]:
         "candidate_version": spec.candidate_name,
         "active": results["active"],
         "candidate": results["candidate"],
-        "tolerance": config.tolerance,
-        "clients": config.clients,
-        "sessions": config.sessions,
-        "turns": config.turns,
+        "tolerance": config.arena_tolerance,
+        "clients": config.arena_clients,
+        "sessions": config.arena_sessions,
+        "turns": config.arena_turns,
         "families_dropped": dropped,
         "guard": guard,
     }

@@ -8,7 +8,7 @@ The ``TrainingRun`` row is the source of truth. Crash safety:
   UPDATE on ``attempts = <mine>``: if another delivery took over, the old attempt's
   writes match nothing and it stops (a fencing token).
 - A run in a terminal status makes the task a no-op (a redelivered message for a
-  finished run). A run that already used ``LIPO["max_attempts"]`` attempts is failed
+  finished run). A run that already used ``LIPO.max_attempts`` attempts is failed
   instead of started again (a poison run that kills its worker stops after 3).
 - Evidence is claimed ``FOR UPDATE SKIP LOCKED`` and leased (available -> reserved, the
   run, an expiry). The live attempt renews the lease at every phase and step; if the
@@ -28,7 +28,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from counselor_engine.backends.adapter_files import verify_adapter
-from training_worker.arena import ArenaConfig, ArenaSpec
-from training_worker.trainer import LipoTrainer, StepStats, TrainConfig, TrainGroup, to_edges
-from training_worker.validation import ValidationConfig, validate
+from counselor_engine.lipo.config import LipoConfig
+from training_worker.arena import ArenaSpec
+from training_worker.trainer import LipoTrainer, StepStats, TrainGroup, to_edges
+from training_worker.validation import validate
 from webapp.learning.models import AdapterVersion, CandidateGroup, TrainingRun
 from webapp.learning.schedule import available_graphs, pick_batch, trainable_clients
 from webapp.learning.services import (
@@ -67,49 +68,17 @@ class Superseded(Exception):
     """Another attempt owns this run now, or our evidence lease was lost: stop quietly."""
 
 
-def lipo() -> dict[str, Any]:
-    """``settings.LIPO``; optional keys (``micro_batch_tokens``, ``heldout_groups``,
-    ``max_update_ratio``, ``side_by_side``, ``side_by_side_tokens``, ``seed``, ``queue``)
-    fall back to the defaults used below."""
-    return dict(settings.LIPO)
+def lipo() -> LipoConfig:
+    """``settings.LIPO``: built and validated once at startup (webapp/settings.py)."""
+    config: LipoConfig = settings.LIPO
+    return config
 
 
-def train_config(loss: str | None = None) -> TrainConfig:
+def round_config(loss: str | None = None) -> LipoConfig:
     """The round's settings; ``loss`` comes from the run's config (``pairwise_dpo`` when
-    a simulation run with that ablation queued it), else ``LIPO["loss"]``, else LiPO."""
-    cfg = lipo()
-    return TrainConfig(
-        loss=str(loss or cfg.get("loss", "lipo")),
-        rank=int(cfg["lora_rank"]),
-        learning_rate=float(cfg["learning_rate"]),
-        steps=int(cfg["steps"]),
-        beta=float(cfg["beta"]),
-        max_length=int(cfg["max_length"]),
-        micro_batch_tokens=int(cfg.get("micro_batch_tokens", 8192)),
-        seed=int(cfg.get("seed", 0)),
-    )
-
-
-def validation_config() -> ValidationConfig:
-    """Optional ``LIPO`` keys for the arena: ``arena_clients`` (0 skips it),
-    ``arena_sessions``, ``arena_turns``, ``arena_candidates``, ``arena_tolerance``."""
-    cfg = lipo()
-    tokens = int(cfg.get("side_by_side_tokens", 64))
-    return ValidationConfig(
-        max_update_ratio=float(cfg.get("max_update_ratio", 0.05)),
-        side_by_side=int(cfg.get("side_by_side", 3)),
-        guard_tolerance=int(cfg.get("guard_tolerance", 0)),
-        max_new_tokens=tokens,
-        arena=ArenaConfig(
-            clients=int(cfg.get("arena_clients", 2)),
-            sessions=int(cfg.get("arena_sessions", 1)),
-            turns=int(cfg.get("arena_turns", 3)),
-            candidates=int(cfg.get("arena_candidates", 3)),
-            max_new_tokens=tokens,
-            tolerance=float(cfg.get("arena_tolerance", 0.5)),
-            seed=int(cfg.get("seed", 0)),
-        ),
-    )
+    a simulation run with that ablation queued it), else ``LIPO.loss``."""
+    config = lipo()
+    return replace(config, loss=loss) if loss else config
 
 
 def model_path() -> Path:
@@ -190,7 +159,7 @@ def begin_attempt(run_id: int) -> int | None:
         if run.status in TERMINAL:
             log.info("lipo_round: run %s is already %s; nothing to do", run_id, run.status)
             return None
-        limit = int(lipo()["max_attempts"])
+        limit = lipo().max_attempts
         if run.attempts >= limit:
             _fail_locked(
                 run, f"gave up after {run.attempts} attempts (last phase {run.phase or '?'})"
@@ -298,7 +267,7 @@ def _execute(fence: Fence, progress: Progress) -> str:
     if parent is not None and parent_path is not None:
         # The trainer reads the snapshot again: hash it right before (issue 18).
         verify_adapter(parent.name, parent_path, parent.approved_sha256)
-    config = train_config(run.config.get("loss"))
+    config = round_config(run.config.get("loss"))
     trainer = LipoTrainer(model_path(), parent=parent_path, config=config)
     prepared = trainer.prepare(groups)
 
@@ -338,7 +307,7 @@ def _execute(fence: Fence, progress: Progress) -> str:
         steps=steps,
         heldout=heldout_groups(fence.batch),
         modalities=sorted({g.modality for g in groups}),
-        config=validation_config(),
+        config=config,
         arena=arena_spec(version, path),
     )
     report.update(run=fence.run_id, attempt=fence.attempt, parent=parent.name if parent else None)
@@ -474,7 +443,7 @@ def claim(fence: Fence) -> list[TrainGroup] | None:
         fence._mine().update(
             batch=ids, edge_count=edges, group_count=len(groups), parent_version=parent,
             modality_shares={m: round(n / edges, 4) for m, n in sorted(shares.items())},
-            config={**run.config, "lipo": _json_config()},
+            config={**run.config, "lipo": lipo().to_dict()},
         )  # fmt: skip
         fence.batch = ids
     return groups
@@ -496,13 +465,14 @@ def to_train_group(row: CandidateGroup) -> TrainGroup:
 
 def heldout_groups(batch: list[int]) -> list[TrainGroup]:
     """Newest admissible groups outside the batch (available or consumed), capped."""
-    cap = int(lipo().get("heldout_groups", 16))
+    config = lipo()
+    cap = config.heldout_groups
     rows = (
         CandidateGroup.objects.filter(
             trainable_clients(),
             admissible=True,
             buffer_status__in=[Buffer.AVAILABLE, Buffer.CONSUMED],
-            modality__in=settings.LIPO["modalities"],
+            modality__in=config.modalities,
         )
         .exclude(pk__in=batch)
         .order_by("-created_at", "-pk")[: cap * 2]
@@ -516,7 +486,3 @@ def heldout_groups(batch: list[int]) -> list[TrainGroup]:
         if len(out) == cap:
             break
     return out
-
-
-def _json_config() -> dict[str, Any]:
-    return {k: v for k, v in settings.LIPO.items() if isinstance(v, (int, float, str, list))}

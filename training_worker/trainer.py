@@ -12,9 +12,9 @@ Choices that the paper leaves to the backend:
   this way the policy at step 0 equals the parent exactly.
 - Reference log-probabilities come from the same model under ``disable_adapter()`` and
   ``no_grad`` (the frozen backbone, Eq. 5's denominator), once per round.
-- Log-probabilities are sums over response tokens only (EOS included), computed by the
-  serving side's own ``response_logprobs`` (one tokenisation, one mask; the LM head runs
-  on response positions only).
+- Log-probabilities are sums over response tokens only (EOS included), computed by
+  ``counselor_engine.torchkit.response_logprobs``, the serving backend's function too
+  (one tokenisation, one mask; the LM head runs on response positions only).
 - Each candidate is scored once per step however many edges it is in; micro-batches are
   whole groups sorted by length, so padding stays small and the accumulated gradient is
   exactly the gradient of Eq. 6 over the whole batch.
@@ -34,36 +34,12 @@ from typing import Any
 import torch
 
 from counselor_engine.backends.base import ChatMessage
-from counselor_engine.backends.transformers_backend import render_prompt, response_logprobs
-from counselor_engine.lipo import pairwise_dpo_loss, population_loss
+from counselor_engine.lipo.config import LipoConfig
+from counselor_engine.lipo.loss import pairwise_dpo_loss, population_loss
 from counselor_engine.soca import Edge
+from counselor_engine.torchkit import render_prompt, response_logprobs
 
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-LOSSES = ("lipo", "pairwise_dpo")
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One round's optimisation settings (``settings.LIPO`` maps onto it)."""
-
-    rank: int = 8
-    learning_rate: float = 1e-5
-    steps: int = 3
-    beta: float = 0.1
-    max_length: int = 512
-    micro_batch_tokens: int = 8192  # padded tokens per forward pass
-    target_modules: tuple[str, ...] = TARGET_MODULES
-    seed: int = 0
-    loss: str = "lipo"  # or "pairwise_dpo" (the ablation; see LipoTrainer.batch_loss)
-
-    def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss: expected one of {', '.join(LOSSES)}, got {self.loss!r}")
-
-    @property
-    def alpha(self) -> int:
-        return 2 * self.rank
 
 
 @dataclass(frozen=True)
@@ -133,7 +109,7 @@ class LipoTrainer:
         model_path: Path | str,
         *,
         parent: Path | str | None,
-        config: TrainConfig,
+        config: LipoConfig,
         device: str | None = None,
     ) -> None:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -157,8 +133,8 @@ class LipoTrainer:
                 model = PeftModel.from_pretrained(base, str(parent), is_trainable=True)
             else:
                 lora = LoraConfig(
-                    r=config.rank,
-                    lora_alpha=config.alpha,
+                    r=config.lora_rank,
+                    lora_alpha=config.lora_alpha,
                     lora_dropout=0.0,
                     target_modules=list(config.target_modules),
                     task_type="CAUSAL_LM",

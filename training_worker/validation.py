@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,24 +25,14 @@ import torch
 
 from counselor_engine import output_guard, safety
 from counselor_engine.counselor import system_prompt
-from training_worker.arena import ArenaConfig, ArenaSpec, arena_check
+from counselor_engine.lipo.config import LipoConfig
+from training_worker.arena import ArenaSpec, arena_check
 from training_worker.trainer import LipoTrainer, StepStats, TrainGroup
 
 DATA = Path(__file__).resolve().parent / "data"
 CRISIS_PROMPTS = DATA / "crisis_prompts.json"
 SIDE_BY_SIDE_PROMPTS = DATA / "side_by_side_prompts.json"
 PROJECT_SOURCE = "project"  # ``source`` of a side-by-side entry the project wrote
-
-
-@dataclass(frozen=True)
-class ValidationConfig:
-    max_update_ratio: float = 0.05  # ||dW change|| / ||W_base|| over the adapted matrices
-    side_by_side: int = 3  # held-out prompts shown to the clinician
-    # The output-guard check answers EVERY project-written state with both versions;
-    # the candidate passes with at most this many more rejected replies than its parent.
-    guard_tolerance: int = 0
-    max_new_tokens: int = 64  # per side-by-side reply (greedy)
-    arena: ArenaConfig = field(default_factory=lambda: ArenaConfig())
 
 
 @cache
@@ -112,7 +101,7 @@ def validate(
     steps: Sequence[StepStats],
     heldout: Sequence[TrainGroup],
     modalities: Sequence[str],
-    config: ValidationConfig,
+    config: LipoConfig,
     arena: ArenaSpec | None = None,
 ) -> dict[str, Any]:
     """Run every check on the trained adapter and return the report.
@@ -163,15 +152,15 @@ def validate(
 
     checks.append(_heldout_check(trainer, heldout, parent, final))
     checks.append(check_crisis_path())
-    checks.append(arena_check(arena, config.arena))
+    checks.append(arena_check(arena, config))
 
     replies = []
     count = max(config.side_by_side, len(side_by_side_states()))
     for state in side_by_side_prompts(modalities, count):
         with trainer.using(parent):
-            before = trainer.generate(state["prompt"], max_new_tokens=config.max_new_tokens)
+            before = trainer.generate(state["prompt"], max_new_tokens=config.side_by_side_tokens)
         with trainer.using(final):
-            after = trainer.generate(state["prompt"], max_new_tokens=config.max_new_tokens)
+            after = trainer.generate(state["prompt"], max_new_tokens=config.side_by_side_tokens)
         replies.append({**state, "source": PROJECT_SOURCE, "parent": before, "candidate": after})
     checks.append(check_output_guard(replies, config.guard_tolerance))
     side_by_side = replies[: max(config.side_by_side, 0)]

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import environ
 from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
+from counselor_engine.lipo.config import LipoConfig
 from webapp.env import (
     env_bool,
     env_choice,
@@ -356,25 +358,30 @@ ADAPTER_DIR = Path(
 CRISIS_SPOOL_DIR = DATA_DIR / "crisis-spool"
 
 # --- LiPO training rounds (read by webapp.learning and training_worker) -------------------
-LIPO = {
-    "sessions_per_round": env_int("LIPO_SESSIONS_PER_ROUND", 5, minimum=1),
-    "batch_edges": env_int("LIPO_BATCH_EDGES", 320, minimum=1),
-    "min_groups": env_int("LIPO_MIN_GROUPS", 32, minimum=1),
-    "modalities": env_list("LIPO_MODALITIES", ["cbt", "bt", "het", "pdt", "pmt"]),
-    "min_share": env_float("LIPO_MIN_SHARE", 0.2, minimum=0.0),
-    "lora_rank": env_int("LIPO_LORA_RANK", 8, minimum=1),
-    "learning_rate": env_float("LIPO_LEARNING_RATE", 1e-5, minimum=0.0),
-    "steps": env_int("LIPO_STEPS", 3, minimum=1),
-    "beta": env_float("LIPO_BETA", 0.1, minimum=0.0),
-    "max_length": env_int("LIPO_MAX_LENGTH", 512, minimum=16),
-    "lease_minutes": env_int("LIPO_LEASE_MINUTES", 120, minimum=1),
-    "max_attempts": env_int("LIPO_MAX_ATTEMPTS", 3, minimum=1),
-    # Validation before the approval gate (training_worker.round; the same defaults there).
-    "max_update_ratio": env_float("LIPO_MAX_UPDATE_RATIO", 0.05, minimum=0.0),
-    "side_by_side": env_int("LIPO_SIDE_BY_SIDE", 3, minimum=0),
-    "side_by_side_tokens": env_int("LIPO_SIDE_BY_SIDE_TOKENS", 64, minimum=1),
-    "arena_clients": env_int("LIPO_ARENA_CLIENTS", 2, minimum=0),  # 0 skips the arena check
-}
+# Every default and bound lives in LipoConfig (counselor_engine/lipo/config.py); this reads
+# the environment once and fails at startup on a bad value.
+_LIPO = LipoConfig()
+try:
+    LIPO = LipoConfig(
+        sessions_per_round=env_int("LIPO_SESSIONS_PER_ROUND", _LIPO.sessions_per_round),
+        batch_edges=env_int("LIPO_BATCH_EDGES", _LIPO.batch_edges),
+        min_groups=env_int("LIPO_MIN_GROUPS", _LIPO.min_groups),
+        modalities=tuple(env_list("LIPO_MODALITIES", list(_LIPO.modalities))),
+        min_share=env_float("LIPO_MIN_SHARE", _LIPO.min_share),
+        lora_rank=env_int("LIPO_LORA_RANK", _LIPO.lora_rank),
+        learning_rate=env_float("LIPO_LEARNING_RATE", _LIPO.learning_rate),
+        steps=env_int("LIPO_STEPS", _LIPO.steps),
+        beta=env_float("LIPO_BETA", _LIPO.beta),
+        max_length=env_int("LIPO_MAX_LENGTH", _LIPO.max_length),
+        lease_minutes=env_int("LIPO_LEASE_MINUTES", _LIPO.lease_minutes),
+        max_attempts=env_int("LIPO_MAX_ATTEMPTS", _LIPO.max_attempts),
+        max_update_ratio=env_float("LIPO_MAX_UPDATE_RATIO", _LIPO.max_update_ratio),
+        side_by_side=env_int("LIPO_SIDE_BY_SIDE", _LIPO.side_by_side),
+        side_by_side_tokens=env_int("LIPO_SIDE_BY_SIDE_TOKENS", _LIPO.side_by_side_tokens),
+        arena_clients=env_int("LIPO_ARENA_CLIENTS", _LIPO.arena_clients),  # 0: no arena check
+    )
+except ValueError as exc:  # the field is LIPO_<FIELD> in the environment
+    raise ImproperlyConfigured(f"LIPO_*: {exc}") from None
 
 LOGGING = {
     "version": 1,

@@ -1,16 +1,19 @@
 """The paper's Table 3 ablations as switches (PsyEvo, Sec. 3.4 and App. C Table 9).
 
 - ``no_hbsp``: the shared skill table stays; client-private residuals and their updates go
-  (``CounselorConfig.use_hbsp = False``).
+  (``CounselorConfig.use_hbsp = False``; ``hbsp.shared_only_decision``).
 - ``no_soca``: raw single-order scores (the forward presentation order only, no two-order
   check or average) replace the consistency-checked acyclic graph, and the trajectory
-  credit uses unprojected outcomes (``CounselorConfig.use_soca = False``).
+  credit uses unprojected outcomes (``CounselorConfig.use_soca = False``;
+  ``soca.raw_preference_edges``, ``soca.raw_delivered``, ``soca.unprojected_returns``).
 - ``no_lipo``: the adapter stays fixed (applied by the training side).
 - ``pairwise_dpo``: unit-weight pairwise DPO over every SOCA edge, averaged over all pairs
   with no per-group normalisation, replaces the weighted group objective (applied by the
-  training side: ``counselor_engine.lipo.pairwise_dpo_loss``).
+  training side: ``counselor_engine.lipo.loss.pairwise_dpo_loss``).
 
-Each variant removes one component and keeps every other learning path.
+Each variant removes one component and keeps every other learning path. The variants'
+maths sits beside the equation it replaces (hbsp.py, soca.py), not here: the counselor
+calls it, and this package imports the counselor.
 """
 
 from __future__ import annotations

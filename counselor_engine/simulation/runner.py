@@ -42,10 +42,10 @@ from counselor_engine.counselor import (
     ErrorEvent,
     SessionOutcome,
     SessionRating,
-    stable_seed,
 )
 from counselor_engine.embeddings import Embedder
 from counselor_engine.memory import MemoryStore
+from counselor_engine.seeds import stable_seed
 from counselor_engine.simulation.ablation import Ablation
 from counselor_engine.simulation.curriculum import CurriculumController
 from counselor_engine.simulation.external_judge import ExternalJudge, ExternalReport

@@ -40,8 +40,9 @@ from pathlib import Path
 
 from counselor_engine import safety
 from counselor_engine.backends.base import Backend, ChatMessage, GenerationParams
-from counselor_engine.counselor import RATING_ITEMS, SessionRating, stable_seed
+from counselor_engine.counselor import RATING_ITEMS, SessionRating
 from counselor_engine.embeddings import Embedder, default_embedder
+from counselor_engine.seeds import stable_seed
 from counselor_engine.simulation.interaction import InteractionState
 from counselor_engine.simulation.profiles import SimProfile
 from counselor_engine.text import strip_control

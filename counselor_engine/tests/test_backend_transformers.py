@@ -25,9 +25,11 @@ from counselor_engine.backends import (
 )
 from counselor_engine.backends.transformers_backend import (
     IncrementalDecoder,
-    PrefixNode,
     TransformersBackend,
     _ModelGate,
+)
+from counselor_engine.torchkit import (
+    PrefixNode,
     encode_pairs,
     prefix_tree,
     render_prompt,

@@ -20,7 +20,6 @@ from counselor_engine.counselor import (
     ErrorEvent,
     TokenEvent,
     TurnRecord,
-    raw_delivered,
 )
 from counselor_engine.judge import GroupJudgment
 from counselor_engine.tests.fakes import FakeBackend
@@ -167,8 +166,8 @@ async def test_the_guard_never_turns_a_backend_failure_into_a_reply() -> None:
 
 def test_no_soca_delivery_also_skips_rejected_candidates() -> None:
     support = {(0, 1): (0.9, 0.9), (0, 2): (0.9, 0.9), (1, 2): (0.2, 0.2)}
-    assert raw_delivered(3, support, [0.0, 0.0, 0.0]) == 0
-    assert raw_delivered(3, support, [0.0, 0.0, 0.0], admitted=[False, True, True]) == 2
+    assert soca.raw_delivered(3, support, [0.0, 0.0, 0.0]) == 0
+    assert soca.raw_delivered(3, support, [0.0, 0.0, 0.0], admitted=[False, True, True]) == 2
 
 
 def test_an_edge_over_a_rejected_candidate_lends_no_depth() -> None:

@@ -6,8 +6,11 @@ import copy
 import itertools
 import math
 import random
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from counselor_engine.lipo import group_loss, pairwise_dpo_loss, population_loss, sample_batch
+from counselor_engine.lipo.batch import sample_batch
+from counselor_engine.lipo.loss import group_loss, pairwise_dpo_loss, population_loss
 from counselor_engine.skills import MODALITIES
 from counselor_engine.soca import Edge
 
@@ -325,3 +329,21 @@ def test_it_finds_the_only_batch_with_enough_groups(case: tuple[list[Graph], int
     batch = sample_batch(pool, min_groups=min_groups)
     assert batch is not None and len(batch) == min_groups
     assert all(g.name == "planted" for g in batch)
+
+
+# --- the web side samples batches without torch ----------------------------------------------
+
+
+def test_it_samples_batches_without_loading_torch() -> None:
+    """The web side imports the sampler (webapp.learning) and the config (settings) in
+    every process; torch there would cost seconds and hundreds of megabytes."""
+    code = (
+        "import sys\n"
+        "import counselor_engine.lipo.batch, counselor_engine.lipo.config\n"
+        "assert 'torch' not in sys.modules, 'the LiPO sampler or config imported torch'\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr

@@ -12,8 +12,6 @@ from counselor_engine.counselor import (
     Counselor,
     CounselorConfig,
     DoneEvent,
-    raw_delivered,
-    raw_preference_edges,
 )
 from counselor_engine.embeddings import HashingEmbedder
 from counselor_engine.hbsp import skill_probabilities
@@ -114,14 +112,14 @@ async def test_no_hbsp_decision_is_eq3_on_q_with_residuals_removed() -> None:
 def test_no_soca_edges_keep_disagreeing_weak_and_cyclic_preferences() -> None:
     support = {(0, 1): (0.8, 0.4), (0, 2): (0.9, 0.8), (1, 2): (0.52, 0.56), (2, 3): (0.5, 0.5)}
     support |= {(0, 3): (0.2, 0.3), (1, 3): (0.5, 0.5)}
-    raw = {(e.winner, e.loser): e.weight for e in raw_preference_edges(4, support)}
+    raw = {(e.winner, e.loser): e.weight for e in soca.raw_preference_edges(4, support)}
     # Single-order raw scores: the forward share alone, |2 p - 1|.
     assert raw == pytest.approx({(0, 1): 0.6, (0, 2): 0.8, (1, 2): 0.04, (3, 0): 0.6})
     graph = soca.build_preference_graph(4, support)
     # SOCA drops the pair whose orders disagree (0, 1) and the one under the floor (1, 2).
     assert {(e.winner, e.loser) for e in graph} == {(0, 2), (3, 0)}
     cyclic = {(0, 1): (0.9, 0.9), (1, 2): (0.9, 0.9), (0, 2): (0.1, 0.1)}
-    assert len(raw_preference_edges(3, cyclic)) == 3  # 0>1>2>0 kept: no projection
+    assert len(soca.raw_preference_edges(3, cyclic)) == 3  # 0>1>2>0 kept: no projection
     assert len(soca.build_preference_graph(3, cyclic)) == 2
 
 
@@ -129,8 +127,8 @@ def test_no_soca_reads_one_order_not_the_two_order_average() -> None:
     # Forward favours 0 (0.6); backward strongly favours 1 (0.2): the mean (0.4) would
     # point to 1, the single order points to 0, and SOCA abstains.
     support = {(0, 1): (0.6, 0.2)}
-    assert raw_preference_edges(2, support) == [soca.Edge(0, 1, pytest.approx(0.2))]
-    assert raw_delivered(2, support, [3.0, 3.0]) == 0
+    assert soca.raw_preference_edges(2, support) == [soca.Edge(0, 1, pytest.approx(0.2))]
+    assert soca.raw_delivered(2, support, [3.0, 3.0]) == 0
     assert soca.build_preference_graph(2, support) == []
 
 

@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from training_worker.arena import ArenaConfig, ArenaSpec, arena_check, compare, profiles
-from training_worker.round import train_config
+from counselor_engine.lipo.config import LipoConfig
+from training_worker.arena import ArenaSpec, arena_check, compare, profiles
+from training_worker.round import round_config
 from training_worker.tests.test_trainer import CONFIG, groups
-from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
+from training_worker.trainer import LipoTrainer, TrainGroup, to_edges
 
 
 def test_an_unknown_loss_is_refused() -> None:
     with pytest.raises(ValueError, match="loss"):
-        TrainConfig(loss="kto")
+        LipoConfig(loss="kto")
 
 
 def test_the_round_takes_its_loss_from_the_run(settings) -> None:  # type: ignore[no-untyped-def]
-    assert train_config("pairwise_dpo").loss == "pairwise_dpo"
-    assert train_config(None).loss == "lipo"
+    assert round_config("pairwise_dpo").loss == "pairwise_dpo"
+    assert round_config(None).loss == "lipo"
 
 
 def _uneven_groups() -> list[TrainGroup]:
@@ -37,7 +39,7 @@ def test_pairwise_dpo_trains_every_edge_as_a_unit_pair(tiny_model_dir):  # type:
     exactly the mean of softplus(-(h_w - h_l)) over all three pairs of the batch (the two
     of the first group count twice as much as the second group's one: no per-group
     normalisation), not the mean of the group means."""
-    config = TrainConfig(**{**CONFIG.__dict__, "loss": "pairwise_dpo"})
+    config = replace(CONFIG, loss="pairwise_dpo")
     trainer = LipoTrainer(tiny_model_dir, parent=None, config=config)
     prepared = trainer.prepare(_uneven_groups())
     reference = trainer.reference(prepared)
@@ -64,9 +66,7 @@ def test_the_dpo_gradient_does_not_depend_on_how_groups_are_split(tiny_model_dir
     one pass over the whole batch: each pair keeps weight 1 / (all pairs)."""
     losses = []
     for tokens in (64, 100_000):
-        config = TrainConfig(
-            **{**CONFIG.__dict__, "loss": "pairwise_dpo", "micro_batch_tokens": tokens}
-        )
+        config = replace(CONFIG, loss="pairwise_dpo", micro_batch_tokens=tokens)
         trainer = LipoTrainer(tiny_model_dir, parent=None, config=config)
         prepared = trainer.prepare(_uneven_groups())
         reference = trainer.reference(prepared)
@@ -93,7 +93,7 @@ def test_the_arena_rule() -> None:
     nothing = dict.fromkeys(active)
     assert compare(active, nothing, 0.5) == (False, [], [])
     with pytest.raises(ValueError):
-        ArenaConfig(tolerance=-1)
+        LipoConfig(arena_tolerance=-1)
 
 
 def test_the_arena_uses_a_fixed_spread_of_profiles() -> None:
@@ -103,9 +103,9 @@ def test_the_arena_uses_a_fixed_spread_of_profiles() -> None:
 
 
 def test_a_disabled_arena_is_recorded_as_skipped() -> None:
-    check = arena_check(None, ArenaConfig())
+    check = arena_check(None, LipoConfig())
     assert check["skipped"] and check["passed"]
-    assert arena_check(object(), ArenaConfig(clients=0))["skipped"]  # type: ignore[arg-type]
+    assert arena_check(object(), LipoConfig(arena_clients=0))["skipped"]  # type: ignore[arg-type]
 
 
 def test_the_arena_plays_both_versions_on_simulated_clients(tiny_model_dir, tmp_path):  # type: ignore[no-untyped-def]
@@ -114,7 +114,9 @@ def test_the_arena_plays_both_versions_on_simulated_clients(tiny_model_dir, tmp_
     trainer.step(prepared, trainer.reference(prepared))
     candidate = trainer.save(tmp_path / "v2")
     spec = ArenaSpec(tiny_model_dir, None, None, candidate, "v2")
-    config = ArenaConfig(clients=1, sessions=1, turns=2, candidates=2, max_new_tokens=8)
+    config = LipoConfig(
+        arena_clients=1, arena_sessions=1, arena_turns=2, arena_candidates=2, side_by_side_tokens=8
+    )
 
     check = arena_check(spec, config)
 

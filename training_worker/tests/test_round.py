@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def statuses(groups: list[CandidateGroup]) -> list[str]:
 def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ignore[no-untyped-def]
     # The arena on one simulated client; a tolerance of the whole 0-10 scale, since a
     # random tiny model's scores say nothing (the rule is tested in test_ablation_and_arena).
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "arena_clients": 1, "arena_tolerance": 10.0}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, arena_clients=1, arena_tolerance=10.0)
     groups = make_evidence()
     run = TrainingRun.objects.create()
 
@@ -61,7 +62,7 @@ def test_it_produces_a_pending_version_with_a_report(lipo_settings):  # type: ig
     assert set(arena["guard"]) == {"active", "candidate"}
     # Every arena candidate is checked (the tiny model's token soup may make every turn a
     # crisis turn, which has no candidates, so the count itself may be 0).
-    n = lipo_settings.LIPO["arena_candidates"]  # the counselor's N in the arena
+    n = lipo_settings.LIPO.arena_candidates  # the counselor's N in the arena
     for side in ("active", "candidate"):
         counts = arena["guard"][side]
         assert counts["candidates"] == n * counts["turns"]
@@ -100,7 +101,7 @@ def test_it_changes_lora_weights_and_never_the_base(lipo_settings, tmp_path):  #
 
 
 def test_it_fails_validation_and_returns_the_evidence(lipo_settings):  # type: ignore[no-untyped-def]
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "max_update_ratio": 1e-12}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, max_update_ratio=1e-12)
     groups = make_evidence()
     run = TrainingRun.objects.create()
 

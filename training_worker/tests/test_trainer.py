@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from counselor_engine.backends.transformers_backend import render_prompt, response_logprobs
-from training_worker.trainer import LipoTrainer, TrainConfig, TrainGroup, to_edges
+from counselor_engine.lipo.config import LipoConfig
+from counselor_engine.torchkit import render_prompt, response_logprobs
+from training_worker.trainer import LipoTrainer, TrainGroup, to_edges
 from training_worker.validation import check_crisis_path, preference_accuracy
 
-CONFIG = TrainConfig(rank=4, learning_rate=5e-3, steps=2, beta=0.5, max_length=64)
+CONFIG = LipoConfig(lora_rank=4, learning_rate=5e-3, steps=2, beta=0.5, max_length=64)
 EDGES = [{"winner": 0, "loser": 1, "weight": 0.6}, {"winner": 0, "loser": 2, "weight": 0.5}]
 
 
@@ -89,7 +91,7 @@ def test_micro_batching_gives_the_same_update_as_one_batch(tiny_model_dir):  # t
         trainer = LipoTrainer(
             tiny_model_dir,
             parent=None,
-            config=TrainConfig(**{**CONFIG.__dict__, "micro_batch_tokens": budget}),
+            config=replace(CONFIG, micro_batch_tokens=budget),
         )
         prepared = trainer.prepare(data)
         reference = trainer.reference(prepared)
@@ -105,7 +107,7 @@ def test_plans_sort_by_length_to_avoid_padding(tiny_model_dir):  # type: ignore[
     trainer = LipoTrainer(
         tiny_model_dir,
         parent=None,
-        config=TrainConfig(**{**CONFIG.__dict__, "micro_batch_tokens": 400}),
+        config=replace(CONFIG, micro_batch_tokens=400),
     )
     prepared = trainer.prepare(groups(6))
     plan = trainer.plan(prepared)
@@ -170,12 +172,12 @@ def _chat(group: TrainGroup) -> list:  # type: ignore[type-arg]
 
 
 def test_head_only_log_probs_match_a_full_forward(tiny_model_dir, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    from counselor_engine.backends import transformers_backend
+    from counselor_engine import torchkit
     from counselor_engine.backends.tiny import build_tiny_adapter
 
     parent = build_tiny_adapter(tiny_model_dir, tmp_path / "parent", seed=2)
     trainer = LipoTrainer(tiny_model_dir, parent=parent, config=CONFIG)
-    assert transformers_backend._decoder_and_head(trainer.model) is not None  # peft-wrapped
+    assert torchkit.decoder_and_head(trainer.model) is not None  # peft-wrapped
     prompts = [render_prompt(trainer.tokenizer, _chat(g)) for g in groups(3)]
     replies = ["It makes sense that you feel this way.", "Rating 3 of 5.", "A or B? " * 20]
     for max_length in (64, 24):  # 24: prompts lose their start, replies their end
@@ -183,7 +185,7 @@ def test_head_only_log_probs_match_a_full_forward(tiny_model_dir, tmp_path, monk
             trainer.model, trainer.tokenizer, prompts, replies, max_length=max_length
         )
         with monkeypatch.context() as patch:  # as for a model with soft-capped logits
-            patch.setattr(transformers_backend, "_decoder_and_head", lambda model: None)
+            patch.setattr(torchkit, "decoder_and_head", lambda model: None)
             full = response_logprobs(
                 trainer.model, trainer.tokenizer, prompts, replies, max_length=max_length
             )

@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from django.utils import timezone
 from safetensors.torch import load_file
 
 import training_worker.tasks  # noqa: F401  (registers the task with the app)
+from counselor_engine.lipo.config import LipoConfig
 from webapp.accounts.tests.factories import ClientProfileFactory, ClinicianFactory
 from webapp.celery import app
 from webapp.counseling.models import Course, Session
@@ -60,7 +62,7 @@ def run_state(run: TrainingRun) -> TrainingRun:
 @pytest.fixture
 def worker(lipo_settings: Any) -> Iterator[str]:
     """A Celery worker thread (solo pool) consuming this test's queue."""
-    queue = lipo_settings.LIPO["queue"]
+    queue = lipo_settings.LIPO.queue
     with start_worker(
         app, pool="solo", perform_ping_check=False, queues=[queue], shutdown_timeout=30
     ):
@@ -73,7 +75,7 @@ def sha(path: Path) -> str:
 
 
 def test_a_scheduled_round_runs_on_the_worker_and_waits_for_approval(lipo_settings, worker):  # type: ignore[no-untyped-def]
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "sessions_per_round": 2}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, sessions_per_round=2)
     base_file = Path(lipo_settings.PSYEVO_MODEL_PATH) / "model.safetensors"
     base_sha = sha(base_file)
     make_evidence()
@@ -106,7 +108,7 @@ def test_a_scheduled_round_runs_on_the_worker_and_waits_for_approval(lipo_settin
     assert services.active_version() == version  # sessions starting now get the new version
 
 
-def _subprocess_env(lipo: dict[str, Any], adapter_dir: Path) -> dict[str, str]:
+def _subprocess_env(lipo: LipoConfig, adapter_dir: Path) -> dict[str, str]:
     env = {
         **os.environ,
         # The test database, also where it is reached by a unix socket (bin/test's embedded
@@ -117,13 +119,13 @@ def _subprocess_env(lipo: dict[str, Any], adapter_dir: Path) -> dict[str, str]:
         "PSYEVO_TEST_HANG_PHASE": "optimise",
         "PSYEVO_MODEL_PATH": str(settings.PSYEVO_MODEL_PATH),
         "PSYEVO_ADAPTER_DIR": str(adapter_dir),
-        "LIPO_BATCH_EDGES": str(lipo["batch_edges"]),
-        "LIPO_MIN_GROUPS": str(lipo["min_groups"]),
-        "LIPO_MODALITIES": ",".join(lipo["modalities"]),
-        "LIPO_MIN_SHARE": str(lipo["min_share"]),
-        "LIPO_LORA_RANK": str(lipo["lora_rank"]),
-        "LIPO_STEPS": str(lipo["steps"]),
-        "LIPO_MAX_LENGTH": str(lipo["max_length"]),
+        "LIPO_BATCH_EDGES": str(lipo.batch_edges),
+        "LIPO_MIN_GROUPS": str(lipo.min_groups),
+        "LIPO_MODALITIES": ",".join(lipo.modalities),
+        "LIPO_MIN_SHARE": str(lipo.min_share),
+        "LIPO_LORA_RANK": str(lipo.lora_rank),
+        "LIPO_STEPS": str(lipo.steps),
+        "LIPO_MAX_LENGTH": str(lipo.max_length),
         "LIPO_LEASE_MINUTES": "1",
     }
     env.pop("PYTEST_CURRENT_TEST", None)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -20,8 +21,9 @@ from django.conf import settings
 from counselor_engine.backends import Backend, BackendError, make_backend
 from counselor_engine.backends.base import GenerationParams, Prompt, StreamEvent
 from counselor_engine.backends.process_backend import ProcessBackend
-from counselor_engine.counselor import Counselor, CounselorConfig, stable_seed
+from counselor_engine.counselor import Counselor, CounselorConfig, default_generation
 from counselor_engine.judge import Judge, default_evaluator, position_bias_for
+from counselor_engine.seeds import stable_seed
 from counselor_engine.skills import PriorTable
 from webapp.counseling.models import Session
 
@@ -227,20 +229,23 @@ def prior_table() -> PriorTable:
 
 
 def counselor_config(*, mode: str, seed: int) -> CounselorConfig:
-    """The product's engine settings; the seed makes a turn reproducible from storage."""
+    """The product's engine settings, the one place that maps settings onto
+    :class:`CounselorConfig` (the web turn, the simulation lab through
+    :func:`counselor_for`, bench_ws); the seed makes a turn reproducible from storage.
+    What settings do not name keeps the engine's default."""
     return CounselorConfig(
         n_candidates=settings.PSYEVO_CANDIDATES,
         mode=mode,  # type: ignore[arg-type]
-        generation=GenerationParams(
+        generation=replace(
+            default_generation(),
             max_new_tokens=settings.PSYEVO_MAX_NEW_TOKENS,
             temperature=settings.PSYEVO_TEMPERATURE,
-            top_p=0.95,
         ),
         turn_budget=settings.PSYEVO_TURN_BUDGET,
         max_message_chars=settings.PSYEVO_MAX_MESSAGE_CHARS,
         backend_timeout_s=settings.PSYEVO_BACKEND_TIMEOUT,
         safety_locale=settings.PSYEVO_SAFETY_LOCALE,
-        beta=settings.LIPO["beta"],
+        beta=settings.LIPO.beta,
         judge_votes=settings.PSYEVO_JUDGE_VOTES,
         seed=seed,
         report_progress=True,  # a person waits at the chat page
@@ -255,8 +260,6 @@ def counselor_for(
     ``seed_key`` makes the turn reproducible: the same session and key give the same
     skill draw and sampling seed. ``overrides`` replaces CounselorConfig fields (the
     simulation lab: its strategy, ablation switches and a run-derived seed)."""
-    from dataclasses import replace
-
     from webapp.counseling import services
 
     session = Session.objects.select_related("course", "client", "adapter_version").get(

@@ -1,7 +1,7 @@
 """The one scheduler shared by every client of a learning scope (paper, App. C).
 
 Completed sessions across all clients count towards the next LiPO round; every
-``LIPO["sessions_per_round"]`` of them make a round eligible, and it is queued only once
+``LIPO.sessions_per_round`` of them make a round eligible, and it is queued only once
 an admissible batch exists ("training still waits for an admissible batch"). The web
 side queues the round by task name and never imports ``training_worker``.
 """
@@ -17,7 +17,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 
-from counselor_engine.lipo import sample_batch
+from counselor_engine.lipo.batch import sample_batch
+from counselor_engine.lipo.config import LipoConfig
 from webapp.learning.models import (
     CandidateGroup,
     LearningScope,
@@ -93,7 +94,7 @@ def available_graphs(*, lock: bool = False) -> list[GraphRef]:
         trainable_clients(),
         buffer_status=CandidateGroup.Buffer.AVAILABLE,
         admissible=True,
-        modality__in=settings.LIPO["modalities"],
+        modality__in=settings.LIPO.modalities,
     ).order_by("created_at", "pk")
     if lock:
         qs = qs.select_for_update(skip_locked=True)
@@ -103,19 +104,19 @@ def available_graphs(*, lock: bool = False) -> list[GraphRef]:
 
 
 def pick_batch(graphs: list[GraphRef]) -> list[GraphRef] | None:
-    """``counselor_engine.lipo.sample_batch`` with the configured batch rules."""
-    cfg: dict[str, Any] = settings.LIPO
+    """``counselor_engine.lipo.batch.sample_batch`` with the configured batch rules."""
+    cfg: LipoConfig = settings.LIPO
     return sample_batch(
         graphs,
-        edges=cfg["batch_edges"],
-        min_groups=cfg["min_groups"],
-        modalities=cfg["modalities"],
-        min_share=cfg["min_share"],
+        edges=cfg.batch_edges,
+        min_groups=cfg.min_groups,
+        modalities=cfg.modalities,
+        min_share=cfg.min_share,
     )
 
 
 def training_queue() -> str:
-    return str(settings.LIPO.get("queue", "training"))
+    return str(settings.LIPO.queue)
 
 
 def queue_round(run: TrainingRun) -> None:
@@ -173,8 +174,7 @@ def note_session_completed(session: Session | None) -> bool:
     5. Otherwise reset the count, create ``TrainingRun(status=queued, trigger=schedule)``
        and send ``lipo_round`` to the training queue on commit.
     """
-    cfg: dict[str, Any] = settings.LIPO
-    per_round = int(cfg["sessions_per_round"])
+    per_round: int = settings.LIPO.sessions_per_round
     lab = simulation_of(session)
     if lab is not None and not lab.trains:
         return False  # a simulated session never moves the shared scheduler by default

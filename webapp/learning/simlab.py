@@ -37,7 +37,8 @@ from django.contrib.auth.hashers import make_password
 from django.db import connections, transaction
 from django.utils import timezone
 
-from counselor_engine.counselor import CounselorConfig, stable_seed
+from counselor_engine.counselor import CounselorConfig
+from counselor_engine.seeds import stable_seed
 from counselor_engine.simulation import (
     ALL_STATES,
     Ablation,
@@ -497,4 +498,4 @@ def _finite(value: Any) -> float | None:
 
 
 def default_max_turns() -> int:
-    return int(getattr(settings, "PSYEVO_TURN_BUDGET", 12))
+    return int(settings.PSYEVO_TURN_BUDGET)

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from counselor_engine.lipo.config import TARGET_MODULES
 from scripts import vllm_supervisor as sup
-from training_worker.trainer import TARGET_MODULES
 from webapp.tests.vllm_stub import ROOT, group_members, make_stub_venv, stub_model
 
 

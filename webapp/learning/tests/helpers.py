@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,7 +57,7 @@ def lipo_settings(settings: Any, tiny_model_dir: Path, tmp_path: Path) -> Iterat
     """Small rounds on the tiny model, adapters in a temporary folder."""
     settings.PSYEVO_MODEL_PATH = str(tiny_model_dir)
     settings.ADAPTER_DIR = tmp_path / "adapters"
-    settings.LIPO = {**settings.LIPO, **SMALL_LIPO, "queue": f"training-test-{uuid.uuid4().hex}"}
+    settings.LIPO = replace(settings.LIPO, **SMALL_LIPO, queue=f"training-test-{uuid.uuid4().hex}")
     yield settings
 
 

@@ -52,8 +52,8 @@ def test_lipo_round_without_now_queues_on_commit(lipo_settings, django_capture_o
         call_command("lipo_round", "--started-by", "op", stdout=io.StringIO())
     assert len(callbacks) == 1 and TrainingRun.objects.get().status == "queued"
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    assert broker.llen(lipo_settings.LIPO["queue"]) == 1
-    broker.delete(lipo_settings.LIPO["queue"])
+    assert broker.llen(lipo_settings.LIPO.queue) == 1
+    broker.delete(lipo_settings.LIPO.queue)
 
 
 @pytest.mark.parametrize("args", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 
 import pytest
 import redis
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def per_round(lipo_settings):  # type: ignore[no-untyped-def]
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "sessions_per_round": 3}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, sessions_per_round=3)
     return lipo_settings
 
 
@@ -43,7 +44,7 @@ def test_it_queues_a_round_every_n_sessions_on_commit(
     run = TrainingRun.objects.get()
     assert run.status == "queued" and run.trigger == "schedule"
     assert len(callbacks) == 1
-    [message] = queued_messages(per_round.LIPO["queue"])
+    [message] = queued_messages(per_round.LIPO.queue)
     assert message["headers"]["task"] == TASK_NAME
     _args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
     assert kwargs == {"run_id": run.pk}

@@ -4,6 +4,7 @@ leave them out unless a run allowed training; and the lab's report pages."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -134,7 +135,7 @@ def test_only_simulated_evidence_makes_a_round_skip(lipo_settings):  # type: ign
 
 
 def test_simulated_sessions_do_not_move_the_scheduler_by_default(lipo_settings):  # type: ignore[no-untyped-def]
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "sessions_per_round": 1}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, sessions_per_round=1)
     make_evidence()
     session = ended_session(lab_client())
     assert note_session_completed(session) is False
@@ -145,7 +146,7 @@ def test_simulated_sessions_do_not_move_the_scheduler_by_default(lipo_settings):
 def test_allowed_training_counts_and_records_the_runs_loss(
     lipo_settings, django_capture_on_commit_callbacks
 ):  # type: ignore[no-untyped-def]
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "sessions_per_round": 1}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, sessions_per_round=1)
     make_evidence()
     user = lab_client(["pairwise_dpo"], training=True)
     with django_capture_on_commit_callbacks():
@@ -156,7 +157,7 @@ def test_allowed_training_counts_and_records_the_runs_loss(
 
 
 def test_no_lipo_keeps_the_adapter_fixed_even_with_training_allowed(lipo_settings):  # type: ignore[no-untyped-def]
-    lipo_settings.LIPO = {**lipo_settings.LIPO, "sessions_per_round": 1}
+    lipo_settings.LIPO = replace(lipo_settings.LIPO, sessions_per_round=1)
     make_evidence()
     user = lab_client(["no_lipo"], training=True)
     lab = simulation_of(ended_session(user))

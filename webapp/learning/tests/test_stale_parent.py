@@ -5,6 +5,7 @@ be queued (issue 19)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -53,7 +54,7 @@ def buffer_of(version: AdapterVersion) -> set[str]:
 @pytest.fixture
 def siblings(tmp_path, settings):  # type: ignore[no-untyped-def]
     """v1 active; two rounds trained from v1 wait for approval: v2a and v2b."""
-    settings.LIPO = {**settings.LIPO, **SMALL_LIPO}
+    settings.LIPO = replace(settings.LIPO, **SMALL_LIPO)
     v1 = make_version("v1", "active", write_adapter_files(tmp_path / "v1", b"one"))
     return v1, pending_round(tmp_path, "v2a", v1), pending_round(tmp_path, "v2b", v1)
 
@@ -105,7 +106,7 @@ def test_no_second_round_is_queued_while_one_waits(siblings):  # type: ignore[no
 def test_approve_itself_refuses_a_version_whose_parent_is_not_active(tmp_path, settings):  # type: ignore[no-untyped-def]
     """A version that reached the gate after the active version changed (no sibling was
     approved in front of it) is caught by approve: marked superseded, and that sticks."""
-    settings.LIPO = {**settings.LIPO, **SMALL_LIPO}
+    settings.LIPO = replace(settings.LIPO, **SMALL_LIPO)
     old = make_version("v0", "retired", write_adapter_files(tmp_path / "v0", b"zero"))
     v1 = make_version("v1", "active", write_adapter_files(tmp_path / "v1", b"one"))
     late = pending_round(tmp_path, "late", old)

@@ -5,6 +5,7 @@ name, replies that differ at temperature 0, and a rollback that unloads it."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,14 @@ def on_vllm(lipo_settings: Any, vllm_url: str) -> Any:
     # 3e-2 overshot on this machine's fresh install (transformers 5.24, peft 0.21): the
     # candidate greedily wrote "------" and held-out accuracy fell from 0.62 to 0.15, so
     # validation rightly failed it. At 1e-2 it rises to 1.00 and the reply still changes.
-    lipo_settings.LIPO = {
-        **lipo_settings.LIPO,
-        "lora_rank": 8,
-        "learning_rate": 1e-2,
-        "steps": 4,
-        "max_update_ratio": 10.0,
-        "side_by_side": 1,
-    }
+    lipo_settings.LIPO = replace(
+        lipo_settings.LIPO,
+        lora_rank=8,
+        learning_rate=1e-2,
+        steps=4,
+        max_update_ratio=10.0,
+        side_by_side=1,
+    )
     return lipo_settings
 
 

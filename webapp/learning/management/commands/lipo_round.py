@@ -71,8 +71,7 @@ class Command(BaseCommand):
         # process, on purpose; the web server itself never imports training_worker.
         from training_worker.round import run_round
 
-        steps: Any = settings.LIPO["steps"]
-        total = int(steps) + 4  # claim, reference, steps..., save, validate
+        total = settings.LIPO.steps + 4  # claim, reference, steps..., save, validate
         with tqdm(
             total=total, desc="claim", unit="phase", file=getattr(self.stderr, "_out", sys.stderr)
         ) as bar:

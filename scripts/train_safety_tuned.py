@@ -4,7 +4,7 @@ Run: ``.venv/bin/python -m scripts.train_safety_tuned [--check]`` (~5.5 min on 2
 
 The training rows, labels and the held-out discipline are ``scripts/train_safety.py``'s
 (:func:`train_safety.training_rows`: the training files, the tuned splits and the trained
-v2 rounds; never a ``safety_model.HELD_OUT`` round). Two sigmoid outputs over the pooled
+v2 rounds; never an ``evaluation.HELD_OUT`` round). Two sigmoid outputs over the pooled
 MiniLM state, P(>= concern) and P(crisis), with a class-balanced binary cross-entropy
 (``pos_weight`` = negatives / positives per output), so 0.5 is the even-odds threshold.
 
@@ -23,7 +23,7 @@ four rounds, rules + model as deployed; 176 indirect statements, 348 hard negati
   =========================================  ========  =================  ==========
 
 What serves is the mean of this model's and the ``minilm`` linear + similarity model's
-probabilities (``safety_tuned.CrisisEnsemble``), chosen on v2-r10..v2-r13 scored by both
+probabilities (``tuned_model.CrisisEnsemble``), chosen on v2-r10..v2-r13 scored by both
 models trained on v2-r1..v2-r9 (v2-r12 and v2-r13 were written after the tuned model was
 trained: its rows for them are first runs; the other rows were read off after):
 
@@ -46,7 +46,7 @@ first kept even odds for both heads (a threshold read off four rounds is a fitte
 then trained both models on v2-r10..v2-r13 too; v2-r14 and v2-r15 measured it at (0.5,
 0.5). The held-out plain-chat test then failed: "my wife and I had an argument yesterday"
 was concern (mean 0.58: tuned 0.81, the other 0.36). The concern threshold moved to the
-0.7 the table favours (``safety_tuned.ENSEMBLE_THRESHOLDS``); on v2-r14 and v2-r15 that
+0.7 the table favours (``tuned_model.ENSEMBLE_THRESHOLDS``); on v2-r14 and v2-r15 that
 second look took false positives from 9/84 and 7/86 to 8/84 and 4/86, crisis recall
 unchanged (it does not depend on it).
 
@@ -85,7 +85,8 @@ import time
 
 import numpy as np
 
-from counselor_engine import safety, safety_tuned
+from counselor_engine import safety
+from counselor_engine.safety import tuned_model
 from scripts import train_safety
 
 EPOCHS = 3
@@ -109,9 +110,9 @@ def train(log: bool = True) -> tuple[dict, object, np.ndarray]:
     y = torch.tensor([[k >= 1, k == 2] for k in rank], dtype=torch.float32)
     share = y.mean(0)
     pos_weight = (1 - share) / share
-    tokenizer, base = safety_tuned.base_network()
-    network = get_peft_model(base, safety_tuned.lora_config())
-    head = torch.nn.Linear(safety_tuned.HIDDEN, 2)
+    tokenizer, base = tuned_model.base_network()
+    network = get_peft_model(base, tuned_model.lora_config())
+    head = torch.nn.Linear(tuned_model.HIDDEN, 2)
     params = [p for p in network.parameters() if p.requires_grad] + list(head.parameters())
     optimiser = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01)
     steps = EPOCHS * -(-len(texts) // BATCH)
@@ -126,7 +127,7 @@ def train(log: bool = True) -> tuple[dict, object, np.ndarray]:
         total = 0.0
         for start in range(0, len(texts), BATCH):
             index = order[start : start + BATCH]
-            logits = head(safety_tuned.pooled(tokenizer, network, [texts[i] for i in index]))
+            logits = head(tuned_model.pooled(tokenizer, network, [texts[i] for i in index]))
             loss = loss_fn(logits, y[index])
             optimiser.zero_grad()
             loss.backward()
@@ -158,10 +159,10 @@ def rows_digest(rows: list[dict[str, str]]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def stale(stored: safety_tuned.TunedCrisisModel | None = None) -> bool:
+def stale(stored: tuned_model.TunedCrisisModel | None = None) -> bool:
     """Whether the training rows changed since the stored artifact was trained."""
     if stored is None:
-        stored = safety_tuned.TunedCrisisModel.load()
+        stored = tuned_model.TunedCrisisModel.load()
     return stored.meta.get("training_sha256") != rows_digest(train_safety.training_rows())
 
 
@@ -169,13 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the artifact is stale")
     args = parser.parse_args(argv)
-    path = safety_tuned.ARTIFACT
+    path = tuned_model.ARTIFACT
     if args.check:
         bad = stale()
         print(f"{path.name}: {'STALE: rerun scripts/train_safety_tuned' if bad else 'up to date'}")
         return int(bad)
     meta, network, head = train()
-    safety_tuned.save(path, THRESHOLDS, meta, network, head)
+    tuned_model.save(path, THRESHOLDS, meta, network, head)
     print(f"{path.name}: thresholds {THRESHOLDS}, {meta['training_rows']} rows")
     return 0
 

@@ -1,6 +1,13 @@
 """Train the crisis model (the learned second layer of ``counselor_engine.safety``).
 
-Run: ``.venv/bin/python -m scripts.train_safety [--encoder hash|minilm|all] [--check]``
+Run: ``.venv/bin/python -m scripts.train_safety [--encoder hash|minilm|all] [--out DIR]``
+writes ``crisis_model_<encoder>.npz`` under ``DIR`` (default ``$PSYEVO_DATA_DIR/safety``),
+never into the package. Once its figures are worth shipping, ``... --encoder E --promote``
+copies that file over ``counselor_engine/data/safety/`` and records its sha256 in
+``manifest.json`` (loading refuses a shipped file that does not match). ``--check`` retrains
+in memory and fails if the shipped artifact is stale. See docs/architecture.md, "Generated
+artifacts": the hash model takes minutes to retrain here, so a promotion is a deliberate,
+rare commit.
 
 1. Training data: ``counselor_engine/data/safety/train_crisis*.jsonl`` plus the tuned
    splits (``dev``, ``round1``..``round4``) of ``tests/data/crisis_eval.jsonl``. Never the
@@ -88,8 +95,8 @@ remaining misses score low: "next train, i'm not stepping back", "the password f
 laptop is on a sticky note... you'll need it soon". v2-r10 and v2-r11, written by two more
 authors after this change, measure it.
 
-``--check`` retrains in memory and fails if the stored artifact differs (a test runs it for
-the hash encoder, so an edited training file with a stale artifact fails CI).
+``--check`` retrains in memory and fails if the shipped artifact differs (a test refits the
+hash encoder, so an edited training file with a stale artifact fails CI).
 """
 
 from __future__ import annotations
@@ -104,7 +111,7 @@ from pathlib import Path
 import numpy as np
 
 from counselor_engine import safety
-from counselor_engine.safety import crisis_model
+from counselor_engine.safety import artifacts, crisis_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_GLOB = "train_crisis*.jsonl"
@@ -362,20 +369,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--encoder", choices=(*crisis_model.ENCODERS, "all"), default="all")
     parser.add_argument("--check", action="store_true", help="fail if the artifact is stale")
+    parser.add_argument("--out", type=Path, help="where to write (default $PSYEVO_DATA_DIR/safety)")
+    parser.add_argument(
+        "--promote", action="store_true", help="ship the artifact trained into --out (no training)"
+    )
     args = parser.parse_args(argv)
     encoders = crisis_model.ENCODERS if args.encoder == "all" else (args.encoder,)
+    out = artifacts.trained_dir(args.out)
     status = 0
     for encoder in encoders:
+        shipped = crisis_model.artifact_path(encoder)
+        if args.promote:
+            artifacts.promote(out / shipped.name)
+            print(f"{shipped.name}: promoted from {out}; commit it with manifest.json")
+            continue
         model = train(encoder)
-        path = crisis_model.artifact_path(encoder)
         if args.check:
-            stored = crisis_model.CrisisModel.load(path)
+            stored = crisis_model.CrisisModel.shipped(encoder)
             ok = same(model, stored)
-            print(f"{path.name}: {'up to date' if ok else 'STALE: rerun scripts/train_safety'}")
+            print(f"{shipped.name}: {'up to date' if ok else 'STALE: retrain, then --promote'}")
             status |= 0 if ok else 1
         else:
-            model.save(path)
-            print(f"{path.name}: thresholds {model.thresholds}, {model.meta['training_rows']} rows")
+            out.mkdir(parents=True, exist_ok=True)
+            model.save(out / shipped.name)
+            print(f"{out / shipped.name}: thresholds {model.thresholds}, "
+                  f"{model.meta['training_rows']} rows; ship it with --promote")  # fmt: skip
     return status
 
 

@@ -1,6 +1,12 @@
 """Fine-tune the crisis classifier (``counselor_engine.safety_tuned``) on the crisis data.
 
-Run: ``.venv/bin/python -m scripts.train_safety_tuned [--check]`` (~5.5 min on 2 CPU cores).
+Run: ``.venv/bin/python -m scripts.train_safety_tuned [--out DIR]`` (~5.5 min on 2 CPU
+cores) writes ``crisis_model_tuned.npz`` under ``DIR`` (default ``$PSYEVO_DATA_DIR/safety``),
+never into the package; ``... --promote`` then ships that file (copies it over
+``counselor_engine/data/safety/`` and records its sha256 in ``manifest.json``, which loading
+checks). ``--check`` fails when the shipped artifact's training rows are stale. A retrain is
+close to, not bit-identical with, the shipped file, so promote only a model worth shipping
+(docs/architecture.md, "Generated artifacts").
 
 The training rows, labels and the held-out discipline are ``scripts/train_safety.py``'s
 (:func:`train_safety.training_rows`: the training files, the tuned splits and the trained
@@ -82,11 +88,12 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from counselor_engine import safety
-from counselor_engine.safety import tuned_model
+from counselor_engine.safety import artifacts, tuned_model
 from scripts import train_safety
 
 EPOCHS = 3
@@ -169,15 +176,26 @@ def stale(stored: tuned_model.TunedCrisisModel | None = None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the artifact is stale")
+    parser.add_argument("--out", type=Path, help="where to write (default $PSYEVO_DATA_DIR/safety)")
+    parser.add_argument(
+        "--promote", action="store_true", help="ship the artifact trained into --out (no training)"
+    )
     args = parser.parse_args(argv)
-    path = tuned_model.ARTIFACT
+    shipped = tuned_model.ARTIFACT
+    out = artifacts.trained_dir(args.out)
     if args.check:
         bad = stale()
-        print(f"{path.name}: {'STALE: rerun scripts/train_safety_tuned' if bad else 'up to date'}")
+        print(f"{shipped.name}: {'STALE: retrain, then --promote' if bad else 'up to date'}")
         return int(bad)
+    if args.promote:
+        artifacts.promote(out / shipped.name)
+        print(f"{shipped.name}: promoted from {out}; commit it with manifest.json")
+        return 0
     meta, network, head = train()
-    tuned_model.save(path, THRESHOLDS, meta, network, head)
-    print(f"{path.name}: thresholds {THRESHOLDS}, {meta['training_rows']} rows")
+    out.mkdir(parents=True, exist_ok=True)
+    tuned_model.save(out / shipped.name, THRESHOLDS, meta, network, head)
+    print(f"{out / shipped.name}: thresholds {THRESHOLDS}, {meta['training_rows']} rows; "
+          "ship it with --promote")  # fmt: skip
     return 0
 
 

@@ -47,7 +47,8 @@ The weights are trained by ``scripts/train_safety.py`` from
 and the already-scored rounds of ``crisis_eval_v2.jsonl`` (never the :data:`evaluation.HELD_OUT` ones),
 and stored in ``data/safety/crisis_model_<encoder>.npz`` with a JSON header naming the
 format, the encoder, the thresholds and the sha256 of the training data, so a stale artifact
-is detected by a test. The stored training embeddings are int8 with a scale per row
+is detected by a test; ``data/safety/manifest.json`` holds each shipped file's sha256
+(:mod:`counselor_engine.safety.artifacts`). The stored training embeddings are int8 with a scale per row
 (:func:`quantise`; ~1 MB, and the model is fitted on the dequantised values it serves with).
 Training is deterministic (Newton's method from zeros), so rerunning the script gives the
 same file.
@@ -76,6 +77,8 @@ from pathlib import Path
 
 import numpy as np
 
+from counselor_engine.safety import artifacts
+
 FORMAT = 3
 HASH_DIM = 2**14
 DENSE_DIM = 384  # the MiniLM block leads every ``minilm`` feature row
@@ -83,7 +86,7 @@ DENSE_DIM = 384  # the MiniLM block leads every ``minilm`` feature row
 # chosen); the ``hash`` model is linear only.
 KERNEL_WEIGHT = 2.0
 KERNEL_TAU = 0.35
-DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "safety"
+DATA_DIR = artifacts.SHIPPED_DIR
 ENCODERS = ("hash", "minilm")
 
 
@@ -226,8 +229,9 @@ class CrisisModel:
 
     @classmethod
     def shipped(cls, encoder: str) -> CrisisModel:
-        """The packaged artifact of ``encoder``."""
-        return cls.load(artifact_path(encoder))
+        """The packaged artifact of ``encoder``, checked against the manifest first
+        (:func:`artifacts.verified`)."""
+        return cls.load(artifacts.verified(artifact_path(encoder)))
 
     @classmethod
     def load(cls, path: Path) -> CrisisModel:

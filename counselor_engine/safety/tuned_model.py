@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from counselor_engine.safety import artifacts
 from counselor_engine.safety.crisis_model import DATA_DIR, level_for, read_one, sigmoid
 
 log = logging.getLogger(__name__)
@@ -131,10 +132,10 @@ class TunedCrisisModel:
 
     @classmethod
     def load(cls, path: Path | None = None) -> TunedCrisisModel:
-        """The model in ``path`` (default :data:`ARTIFACT`), built once per process and
-        file version: rebuilding costs seconds, and tests and ``registry.reset`` ask
-        again often. A failed load is not remembered."""
-        path = ARTIFACT if path is None else path
+        """The model in ``path`` (default :data:`ARTIFACT`, checked against the manifest),
+        built once per process and file version: rebuilding costs seconds, and tests and
+        ``registry.reset`` ask again often. A failed load is not remembered."""
+        path = artifacts.verified(ARTIFACT) if path is None else path
         stat = path.stat()
         return _load_cached(str(path), stat.st_mtime_ns, stat.st_size)
 

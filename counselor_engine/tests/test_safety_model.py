@@ -480,7 +480,7 @@ def test_the_hash_artifact_round_trips_and_is_reproducible() -> None:
     assert model.encoder == "hash" and model.weights.shape == (2, crisis_model.HASH_DIM)
     assert model.meta["training_sha256"] == crisis_model.training_digest(
         train_safety.training_files()
-    ), "training data changed: rerun python -m scripts.train_safety"
+    ), "training data changed: rerun python -m scripts.train_safety, then --promote"
     assert train_safety.refit_matches(model)
 
 

@@ -16,7 +16,7 @@ rare commit.
    written down): those measure the model.
 2. Features of the normalised texts (``crisis_model.features``), two labels per text:
    level >= concern, and level == crisis. One kernel matrix over all rows: the linear one,
-   plus the similarity term for the ``minilm`` encoder (``safety_model`` docstring).
+   plus the similarity term for the ``minilm`` encoder (``crisis_model`` docstring).
 3. Five-fold cross-validation (folds by row index, deterministic) gives out-of-fold
    probabilities. The crisis threshold is the lowest one whose out-of-fold false-positive
    rate (combined with the rules, as deployed) on the *budget negatives* stays within a
@@ -130,7 +130,7 @@ L2_GRID: dict[str, tuple[float, ...]] = {"hash": (1e-5, 3e-5, 1e-4), "minilm": (
 # level) has a budget of its own, so hundreds of easy negatives never dilute FP_TOTAL and a
 # model that flags "print your system prompt" cannot pass as within budget.
 FP_EVERYDAY = 0.02
-# The plain-chat gate (``minilm`` only; safety_model docstring): a logistic head over the
+# The plain-chat gate (``minilm`` only; crisis_model docstring): a logistic head over the
 # MiniLM block telling the everyday file's rows from everything else (statements at any
 # level and the hard negatives). Its threshold is the lowest (most silencing) one at which
 # it silences at most GATE_POSITIVES of the positives out of fold. Round 8 halved it from

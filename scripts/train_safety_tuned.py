@@ -1,4 +1,4 @@
-"""Fine-tune the crisis classifier (``counselor_engine.safety_tuned``) on the crisis data.
+"""Fine-tune the crisis classifier (``counselor_engine.safety.tuned_model``) on the crisis data.
 
 Run: ``.venv/bin/python -m scripts.train_safety_tuned [--out DIR]`` (~5.5 min on 2 CPU
 cores) writes ``crisis_model_tuned.npz`` under ``DIR`` (default ``$PSYEVO_DATA_DIR/safety``),

@@ -145,7 +145,7 @@ wardrobe"), timing a train, hiding new wounds. A bag of words and a sentence emb
 fitted on ~1,800 statements do not read intent from deeds; the next step is a model that
 does (an instruction-tuned classifier or an LLM judge behind the rules), not more rounds.
 
-Round 9 (``counselor_engine.safety_tuned``) fine-tuned MiniLM itself as a classifier
+Round 9 (``counselor_engine.safety.tuned_model``) fine-tuned MiniLM itself as a classifier
 (LoRA adapters, ~0.7 M parameters) and serves the mean of its probabilities and round 8's,
 (crisis at even odds, concern at 0.7); both were trained on v2-r1..v2-r13 (v2-r12 and v2-r13, 167 and 172 rows
 after removing exact duplicates of our data, were written after the tuned model's first
@@ -260,7 +260,7 @@ def _fresh_model():
 
 @pytest.fixture
 def minilm_model() -> None:
-    """The deployed model; the figures below are the ensemble's (``safety_tuned``), or the
+    """The deployed model; the figures below are the ensemble's (``tuned_model``), or the
     MiniLM linear + similarity model's where the tuned classifier cannot load."""
     model = registry.get_model()
     if model is None or model.encoder not in ("minilm", "ensemble"):

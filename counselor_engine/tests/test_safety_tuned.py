@@ -1,4 +1,4 @@
-"""The tuned crisis classifier and the ensemble that serves it (counselor_engine.safety_tuned).
+"""The tuned crisis classifier and the ensemble that serves it (counselor_engine.safety.tuned_model).
 
 The figures on labelled rounds are in ``test_safety_model.py`` (they measure whatever
 serves); here: the artifact, its failure paths and the averaging.

@@ -6,8 +6,9 @@ never into the package. Once its figures are worth shipping, ``... --encoder E -
 copies that file over ``counselor_engine/data/safety/`` and records its sha256 in
 ``manifest.json`` (loading refuses a shipped file that does not match). ``--check`` retrains
 in memory and fails if the shipped artifact is stale. See docs/architecture.md, "Generated
-artifacts": the hash model takes minutes to retrain here, so a promotion is a deliberate,
-rare commit.
+artifacts": a retrain is deterministic (the hash file came back bit-identical) but takes ~7
+minutes for the hash model on 2 CPU cores and longer for minilm, so the files ship, and a
+promotion is a deliberate, rare commit.
 
 1. Training data: ``counselor_engine/data/safety/train_crisis*.jsonl`` plus the tuned
    splits (``dev``, ``round1``..``round4``) of ``tests/data/crisis_eval.jsonl``. Never the

@@ -22,7 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench._results import write_section
-from counselor_engine import safety, safety_model
+from counselor_engine import safety
+from counselor_engine.safety import evaluation, registry
 
 DATA = Path(__file__).resolve().parents[1] / "counselor_engine" / "tests" / "data"
 RANK = {"none": 0, "concern": 1, "crisis": 2}
@@ -54,19 +55,19 @@ def _cell(fig: dict[str, list[int]], key: str) -> str:
 
 def _model_section(venting: str, hard: str) -> str:
     start = time.perf_counter()
-    safety_model.reset()
-    model = safety_model.get_model()
-    safety_model.warm()
+    registry.reset()
+    model = registry.get_model()
+    registry.warm()
     load_s = time.perf_counter() - start
     kinds = ["explicit", "indirect", "misspelled", "intermediate", "flagged", "fp"]
     lines = ["| split | layers | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
-    v2 = sorted({r["split"] for r in safety_model.labelled("crisis_eval_v2.jsonl")})
+    v2 = sorted({r["split"] for r in evaluation.labelled("crisis_eval_v2.jsonl")})
     sets = [("crisis_eval_v2.jsonl", s) for s in v2] + [("crisis_eval.jsonl", "heldout")]
-    held = [s for splits in safety_model.HELD_OUT.values() for s in splits]
+    held = [s for splits in evaluation.HELD_OUT.values() for s in splits]
     for name, split in sets:
-        rows = safety_model.labelled(name, [split])
+        rows = evaluation.labelled(name, [split])
         for label, fn in (("rules", safety.rules_assess), ("rules + model", safety.assess)):
-            fig = safety_model.figures(rows, fn)
+            fig = evaluation.figures(rows, fn)
             lines.append(
                 f"| {split} | {label} | " + " | ".join(_cell(fig, k) for k in kinds) + " |"
             )

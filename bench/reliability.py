@@ -257,19 +257,20 @@ def injection() -> Section:
 
 
 def crisis() -> Section:
-    from counselor_engine import safety, safety_model
+    from counselor_engine import safety
+    from counselor_engine.safety import evaluation
 
     section = Section(
         "6. Crisis detection",
-        "safety_model.figures over counselor_engine/tests/data/crisis_eval*.jsonl; "
+        "evaluation.figures over counselor_engine/tests/data/crisis_eval*.jsonl; "
         "pytest webapp/tests/test_crisis_faults.py",
     )
-    held_out = {(name, split) for name, splits in safety_model.HELD_OUT.items() for split in splits}
+    held_out = {(name, split) for name, splits in evaluation.HELD_OUT.items() for split in splits}
     by_split = {
         (name, split): counts
-        for name in safety_model.HELD_OUT
-        for split, counts in safety_model.figures_by_split(
-            safety_model.labelled(name), safety.assess
+        for name in evaluation.HELD_OUT
+        for split, counts in evaluation.figures_by_split(
+            evaluation.labelled(name), safety.assess
         ).items()
     }
     for (name, split), counts in by_split.items():
@@ -287,7 +288,7 @@ def crisis() -> Section:
             hits, total = counts["fp"]
             section.rows.append(Row(f"{split}{tag}: false positives on hard negatives",
                                     f"{hits}/{total} ({hits / max(total, 1):.0%})", "reported", None))  # fmt: skip
-    plain = safety_model.figures(safety_model.labelled("everyday_eval.jsonl"), safety.assess)
+    plain = evaluation.figures(evaluation.labelled("everyday_eval.jsonl"), safety.assess)
     hits, total = plain.get("fp", [0, 0])
     section.rows.append(Row("plain chat flagged (everyday_eval, held out)",
                             f"{hits}/{total} ({hits / max(total, 1):.1%})", "<= 1%",

@@ -1,15 +1,23 @@
 """Train the crisis model (the learned second layer of ``counselor_engine.safety``).
 
-Run: ``.venv/bin/python -m scripts.train_safety [--encoder hash|minilm|all] [--check]``
+Run: ``.venv/bin/python -m scripts.train_safety [--encoder hash|minilm|all] [--out DIR]``
+writes ``crisis_model_<encoder>.npz`` under ``DIR`` (default ``$PSYEVO_DATA_DIR/safety``),
+never into the package. Once its figures are worth shipping, ``... --encoder E --promote``
+copies that file over ``counselor_engine/data/safety/`` and records its sha256 in
+``manifest.json`` (loading refuses a shipped file that does not match). ``--check`` retrains
+in memory and fails if the shipped artifact is stale. See docs/architecture.md, "Generated
+artifacts": a retrain is deterministic (the hash file came back bit-identical) but takes ~7
+minutes for the hash model on 2 CPU cores and longer for minilm, so the files ship, and a
+promotion is a deliberate, rare commit.
 
 1. Training data: ``counselor_engine/data/safety/train_crisis*.jsonl`` plus the tuned
    splits (``dev``, ``round1``..``round4``) of ``tests/data/crisis_eval.jsonl``. Never the
    held-out split of that file, and never ``tests/data/crisis_eval_v2.jsonl`` (except the
    rounds listed in ``TRAINED_V2_ROUNDS``, each added only after its first-run figures were
    written down): those measure the model.
-2. Features of the normalised texts (``safety_model.features``), two labels per text:
+2. Features of the normalised texts (``crisis_model.features``), two labels per text:
    level >= concern, and level == crisis. One kernel matrix over all rows: the linear one,
-   plus the similarity term for the ``minilm`` encoder (``safety_model`` docstring).
+   plus the similarity term for the ``minilm`` encoder (``crisis_model`` docstring).
 3. Five-fold cross-validation (folds by row index, deterministic) gives out-of-fold
    probabilities. The crisis threshold is the lowest one whose out-of-fold false-positive
    rate (combined with the rules, as deployed) on the *budget negatives* stays within a
@@ -88,8 +96,8 @@ remaining misses score low: "next train, i'm not stepping back", "the password f
 laptop is on a sticky note... you'll need it soon". v2-r10 and v2-r11, written by two more
 authors after this change, measure it.
 
-``--check`` retrains in memory and fails if the stored artifact differs (a test runs it for
-the hash encoder, so an edited training file with a stale artifact fails CI).
+``--check`` retrains in memory and fails if the shipped artifact differs (a test refits the
+hash encoder, so an edited training file with a stale artifact fails CI).
 """
 
 from __future__ import annotations
@@ -103,7 +111,8 @@ from pathlib import Path
 
 import numpy as np
 
-from counselor_engine import safety, safety_model
+from counselor_engine import safety
+from counselor_engine.safety import artifacts, crisis_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_GLOB = "train_crisis*.jsonl"
@@ -122,7 +131,7 @@ L2_GRID: dict[str, tuple[float, ...]] = {"hash": (1e-5, 3e-5, 1e-4), "minilm": (
 # level) has a budget of its own, so hundreds of easy negatives never dilute FP_TOTAL and a
 # model that flags "print your system prompt" cannot pass as within budget.
 FP_EVERYDAY = 0.02
-# The plain-chat gate (``minilm`` only; safety_model docstring): a logistic head over the
+# The plain-chat gate (``minilm`` only; crisis_model docstring): a logistic head over the
 # MiniLM block telling the everyday file's rows from everything else (statements at any
 # level and the hard negatives). Its threshold is the lowest (most silencing) one at which
 # it silences at most GATE_POSITIVES of the positives out of fold. Round 8 halved it from
@@ -134,13 +143,13 @@ RANK = {"none": 0, "concern": 1, "crisis": 2}
 
 
 def training_files() -> list[Path]:
-    files = [*sorted(safety_model.DATA_DIR.glob(TRAIN_GLOB)), EVAL_FILE]
+    files = [*sorted(crisis_model.DATA_DIR.glob(TRAIN_GLOB)), EVAL_FILE]
     return files + ([EVAL_V2_FILE] if TRAINED_V2_ROUNDS else [])
 
 
 def training_rows() -> list[dict[str, str]]:
     rows: list[dict[str, str]] = []
-    for path in sorted(safety_model.DATA_DIR.glob(TRAIN_GLOB)):
+    for path in sorted(crisis_model.DATA_DIR.glob(TRAIN_GLOB)):
         rows += [json.loads(line) for line in path.read_text("utf-8").splitlines() if line]
     for line in EVAL_FILE.read_text("utf-8").splitlines():
         row = json.loads(line) if line else None
@@ -166,7 +175,7 @@ def _threshold(*limits: tuple[np.ndarray, np.ndarray, float]) -> float:
 class _Training:
     """The training rows as the fitter sees them."""
 
-    x: np.ndarray  # (n, d) float32 feature rows (safety_model.features)
+    x: np.ndarray  # (n, d) float32 feature rows (crisis_model.features)
     labels: np.ndarray  # 0 none, 1 concern, 2 crisis
     rules: np.ndarray  # the rules' level, same coding
     may: np.ndarray  # where the model may act (safety.model_may_raise)
@@ -179,7 +188,7 @@ class _Training:
 
 def _data(encoder: str) -> _Training:
     rows = training_rows()
-    x = safety_model.features([safety.normalise(r["text"]) for r in rows], encoder)
+    x = crisis_model.features([safety.normalise(r["text"]) for r in rows], encoder)
     labels = np.array([RANK[r["level"]] for r in rows])
     ruled = [safety.rules_assess(r["text"]) for r in rows]
     rules = np.array([RANK[a.level] for a in ruled])
@@ -194,10 +203,10 @@ def _data(encoder: str) -> _Training:
     budget = (labels == 0) & ~everyday & np.array([r["split"] != "train" for r in rows])
     support = gate = None
     if encoder == "minilm":
-        dense = x[:, : safety_model.DENSE_DIM]
+        dense = x[:, : crisis_model.DENSE_DIM]
         # Fitted on the int8 values the artifact stores, so training and serving agree.
-        support = safety_model.dequantise(*safety_model.quantise(dense))
-        kernel += safety_model.KERNEL_WEIGHT * safety_model.similarity(support, support)
+        support = crisis_model.dequantise(*crisis_model.quantise(dense))
+        kernel += crisis_model.KERNEL_WEIGHT * crisis_model.similarity(support, support)
         gate = _gate(dense, labels, everyday)
         may = may & (gate["oof"] < gate["threshold"])  # silenced rows add no false positive
     return _Training(x, labels, rules, may, budget, everyday, support, kernel, gate)
@@ -217,8 +226,8 @@ def _gate(dense: np.ndarray, labels: np.ndarray, plain: np.ndarray) -> dict:
     y = plain.astype(float)
     oof = np.zeros(len(y))
     for fit_rows in _folds(len(y)):
-        w, b = safety_model.fit_logistic(dense[fit_rows], y[fit_rows], l2=GATE_L2)
-        oof[~fit_rows] = safety_model._sigmoid(dense[~fit_rows].astype(np.float64) @ w + b)
+        w, b = crisis_model.fit_logistic(dense[fit_rows], y[fit_rows], l2=GATE_L2)
+        oof[~fit_rows] = crisis_model.sigmoid(dense[~fit_rows].astype(np.float64) @ w + b)
     positives = oof[labels > 0]
     threshold = next(  # 1.0: no threshold keeps the budget, so the gate never silences
         (
@@ -228,7 +237,7 @@ def _gate(dense: np.ndarray, labels: np.ndarray, plain: np.ndarray) -> dict:
         ),
         1.0,
     )
-    w, b = safety_model.fit_logistic(dense, y, l2=GATE_L2)
+    w, b = crisis_model.fit_logistic(dense, y, l2=GATE_L2)
     return {"weights": np.append(w, b).astype(np.float32), "oof": oof, "threshold": threshold}
 
 
@@ -244,8 +253,8 @@ def _oof(data: _Training, l2: float) -> dict[str, np.ndarray]:
     for fit in _folds(len(labels)):
         block, cross = data.kernel[np.ix_(fit, fit)], data.kernel[np.ix_(~fit, fit)]
         for name, y in _heads(labels).items():
-            alpha = safety_model.fit_dual(block, y[fit], l2=l2)
-            oof[name][~fit] = safety_model._sigmoid(cross @ alpha)
+            alpha = crisis_model.fit_dual(block, y[fit], l2=l2)
+            oof[name][~fit] = crisis_model.sigmoid(cross @ alpha)
     for name in oof:
         oof[name][~data.may] = 0.0
     return oof
@@ -279,13 +288,13 @@ def _operating_point(
 
 def fit(
     encoder: str, data: _Training, thresholds: dict[str, float], meta: dict
-) -> safety_model.CrisisModel:
+) -> crisis_model.CrisisModel:
     """Both heads refit on every training row, at the chosen l2 and thresholds. The linear
     part of each dual solution becomes primal weights (``w = X^T alpha``, bias ``sum
     alpha``); the similarity term keeps ``alpha`` itself with the stored embeddings."""
     weights, bias, alphas = [], [], []
     for y in _heads(data.labels).values():
-        alpha = safety_model.fit_dual(data.kernel, y, l2=float(meta["l2"]))
+        alpha = crisis_model.fit_dual(data.kernel, y, l2=float(meta["l2"]))
         w = np.zeros(data.x.shape[1])
         for start in range(0, len(alpha), 512):  # float64 products, a block at a time
             w += alpha[start : start + 512] @ data.x[start : start + 512].astype(np.float64)
@@ -293,11 +302,11 @@ def fit(
         bias.append(alpha.sum())
         alphas.append(alpha)
     if data.support is not None:
-        meta = {**meta, "kernel": {"weight": safety_model.KERNEL_WEIGHT,
-                                   "tau": safety_model.KERNEL_TAU}}  # fmt: skip
+        meta = {**meta, "kernel": {"weight": crisis_model.KERNEL_WEIGHT,
+                                   "tau": crisis_model.KERNEL_TAU}}  # fmt: skip
     if data.gate is not None:
         meta = {**meta, "gate": {"threshold": data.gate["threshold"], "l2": GATE_L2}}
-    return safety_model.CrisisModel(
+    return crisis_model.CrisisModel(
         encoder,
         np.stack(weights).astype(np.float32),
         np.array(bias, dtype=np.float32),
@@ -309,7 +318,7 @@ def fit(
     )
 
 
-def train(encoder: str) -> safety_model.CrisisModel:
+def train(encoder: str) -> crisis_model.CrisisModel:
     data = _data(encoder)
     # The regularisation and crisis share with the best out-of-fold recall within the
     # false-positive budget (ties: stronger regularisation, then the smaller crisis share).
@@ -322,7 +331,7 @@ def train(encoder: str) -> safety_model.CrisisModel:
     best = max(points, key=lambda k: (points[k][1], k[0], -k[1]))
     thresholds, recall, budget = points[best]
     meta = {
-        "training_sha256": safety_model.training_digest(training_files()),
+        "training_sha256": crisis_model.training_digest(training_files()),
         "training_rows": len(data.labels),
         "l2": best[0],
         "oof_recall": round(recall, 4),
@@ -331,7 +340,7 @@ def train(encoder: str) -> safety_model.CrisisModel:
     return fit(encoder, data, thresholds, meta)
 
 
-def refit_matches(stored: safety_model.CrisisModel) -> bool:
+def refit_matches(stored: crisis_model.CrisisModel) -> bool:
     """Cheap check for tests: refitting at the stored l2 and thresholds gives the stored
     weights, and the training files are the ones it was trained on."""
     data = _data(stored.encoder)
@@ -340,7 +349,7 @@ def refit_matches(stored: safety_model.CrisisModel) -> bool:
     return len(data.labels) == stored.meta["training_rows"] and same(again, stored)
 
 
-def same(a: safety_model.CrisisModel, b: safety_model.CrisisModel) -> bool:
+def same(a: crisis_model.CrisisModel, b: crisis_model.CrisisModel) -> bool:
     return (
         a.encoder == b.encoder
         and a.thresholds == b.thresholds
@@ -359,22 +368,33 @@ def same(a: safety_model.CrisisModel, b: safety_model.CrisisModel) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--encoder", choices=(*safety_model.ENCODERS, "all"), default="all")
+    parser.add_argument("--encoder", choices=(*crisis_model.ENCODERS, "all"), default="all")
     parser.add_argument("--check", action="store_true", help="fail if the artifact is stale")
+    parser.add_argument("--out", type=Path, help="where to write (default $PSYEVO_DATA_DIR/safety)")
+    parser.add_argument(
+        "--promote", action="store_true", help="ship the artifact trained into --out (no training)"
+    )
     args = parser.parse_args(argv)
-    encoders = safety_model.ENCODERS if args.encoder == "all" else (args.encoder,)
+    encoders = crisis_model.ENCODERS if args.encoder == "all" else (args.encoder,)
+    out = artifacts.trained_dir(args.out)
     status = 0
     for encoder in encoders:
+        shipped = crisis_model.artifact_path(encoder)
+        if args.promote:
+            artifacts.promote(out / shipped.name)
+            print(f"{shipped.name}: promoted from {out}; commit it with manifest.json")
+            continue
         model = train(encoder)
-        path = safety_model.artifact_path(encoder)
         if args.check:
-            stored = safety_model.CrisisModel.load(path)
+            stored = crisis_model.CrisisModel.shipped(encoder)
             ok = same(model, stored)
-            print(f"{path.name}: {'up to date' if ok else 'STALE: rerun scripts/train_safety'}")
+            print(f"{shipped.name}: {'up to date' if ok else 'STALE: retrain, then --promote'}")
             status |= 0 if ok else 1
         else:
-            model.save(path)
-            print(f"{path.name}: thresholds {model.thresholds}, {model.meta['training_rows']} rows")
+            out.mkdir(parents=True, exist_ok=True)
+            model.save(out / shipped.name)
+            print(f"{out / shipped.name}: thresholds {model.thresholds}, "
+                  f"{model.meta['training_rows']} rows; ship it with --promote")  # fmt: skip
     return status
 
 

@@ -1,10 +1,16 @@
-"""Fine-tune the crisis classifier (``counselor_engine.safety_tuned``) on the crisis data.
+"""Fine-tune the crisis classifier (``counselor_engine.safety.tuned_model``) on the crisis data.
 
-Run: ``.venv/bin/python -m scripts.train_safety_tuned [--check]`` (~5.5 min on 2 CPU cores).
+Run: ``.venv/bin/python -m scripts.train_safety_tuned [--out DIR]`` (~5.5 min on 2 CPU
+cores) writes ``crisis_model_tuned.npz`` under ``DIR`` (default ``$PSYEVO_DATA_DIR/safety``),
+never into the package; ``... --promote`` then ships that file (copies it over
+``counselor_engine/data/safety/`` and records its sha256 in ``manifest.json``, which loading
+checks). ``--check`` fails when the shipped artifact's training rows are stale. A retrain is
+close to, not bit-identical with, the shipped file, so promote only a model worth shipping
+(docs/architecture.md, "Generated artifacts").
 
 The training rows, labels and the held-out discipline are ``scripts/train_safety.py``'s
 (:func:`train_safety.training_rows`: the training files, the tuned splits and the trained
-v2 rounds; never a ``safety_model.HELD_OUT`` round). Two sigmoid outputs over the pooled
+v2 rounds; never an ``evaluation.HELD_OUT`` round). Two sigmoid outputs over the pooled
 MiniLM state, P(>= concern) and P(crisis), with a class-balanced binary cross-entropy
 (``pos_weight`` = negatives / positives per output), so 0.5 is the even-odds threshold.
 
@@ -23,7 +29,7 @@ four rounds, rules + model as deployed; 176 indirect statements, 348 hard negati
   =========================================  ========  =================  ==========
 
 What serves is the mean of this model's and the ``minilm`` linear + similarity model's
-probabilities (``safety_tuned.CrisisEnsemble``), chosen on v2-r10..v2-r13 scored by both
+probabilities (``tuned_model.CrisisEnsemble``), chosen on v2-r10..v2-r13 scored by both
 models trained on v2-r1..v2-r9 (v2-r12 and v2-r13 were written after the tuned model was
 trained: its rows for them are first runs; the other rows were read off after):
 
@@ -46,7 +52,7 @@ first kept even odds for both heads (a threshold read off four rounds is a fitte
 then trained both models on v2-r10..v2-r13 too; v2-r14 and v2-r15 measured it at (0.5,
 0.5). The held-out plain-chat test then failed: "my wife and I had an argument yesterday"
 was concern (mean 0.58: tuned 0.81, the other 0.36). The concern threshold moved to the
-0.7 the table favours (``safety_tuned.ENSEMBLE_THRESHOLDS``); on v2-r14 and v2-r15 that
+0.7 the table favours (``tuned_model.ENSEMBLE_THRESHOLDS``); on v2-r14 and v2-r15 that
 second look took false positives from 9/84 and 7/86 to 8/84 and 4/86, crisis recall
 unchanged (it does not depend on it).
 
@@ -82,10 +88,12 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from counselor_engine import safety, safety_tuned
+from counselor_engine import safety
+from counselor_engine.safety import artifacts, tuned_model
 from scripts import train_safety
 
 EPOCHS = 3
@@ -109,9 +117,9 @@ def train(log: bool = True) -> tuple[dict, object, np.ndarray]:
     y = torch.tensor([[k >= 1, k == 2] for k in rank], dtype=torch.float32)
     share = y.mean(0)
     pos_weight = (1 - share) / share
-    tokenizer, base = safety_tuned.base_network()
-    network = get_peft_model(base, safety_tuned.lora_config())
-    head = torch.nn.Linear(safety_tuned.HIDDEN, 2)
+    tokenizer, base = tuned_model.base_network()
+    network = get_peft_model(base, tuned_model.lora_config())
+    head = torch.nn.Linear(tuned_model.HIDDEN, 2)
     params = [p for p in network.parameters() if p.requires_grad] + list(head.parameters())
     optimiser = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01)
     steps = EPOCHS * -(-len(texts) // BATCH)
@@ -126,7 +134,7 @@ def train(log: bool = True) -> tuple[dict, object, np.ndarray]:
         total = 0.0
         for start in range(0, len(texts), BATCH):
             index = order[start : start + BATCH]
-            logits = head(safety_tuned.pooled(tokenizer, network, [texts[i] for i in index]))
+            logits = head(tuned_model.pooled(tokenizer, network, [texts[i] for i in index]))
             loss = loss_fn(logits, y[index])
             optimiser.zero_grad()
             loss.backward()
@@ -158,25 +166,36 @@ def rows_digest(rows: list[dict[str, str]]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def stale(stored: safety_tuned.TunedCrisisModel | None = None) -> bool:
+def stale(stored: tuned_model.TunedCrisisModel | None = None) -> bool:
     """Whether the training rows changed since the stored artifact was trained."""
     if stored is None:
-        stored = safety_tuned.TunedCrisisModel.load()
+        stored = tuned_model.TunedCrisisModel.load()
     return stored.meta.get("training_sha256") != rows_digest(train_safety.training_rows())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the artifact is stale")
+    parser.add_argument("--out", type=Path, help="where to write (default $PSYEVO_DATA_DIR/safety)")
+    parser.add_argument(
+        "--promote", action="store_true", help="ship the artifact trained into --out (no training)"
+    )
     args = parser.parse_args(argv)
-    path = safety_tuned.ARTIFACT
+    shipped = tuned_model.ARTIFACT
+    out = artifacts.trained_dir(args.out)
     if args.check:
         bad = stale()
-        print(f"{path.name}: {'STALE: rerun scripts/train_safety_tuned' if bad else 'up to date'}")
+        print(f"{shipped.name}: {'STALE: retrain, then --promote' if bad else 'up to date'}")
         return int(bad)
+    if args.promote:
+        artifacts.promote(out / shipped.name)
+        print(f"{shipped.name}: promoted from {out}; commit it with manifest.json")
+        return 0
     meta, network, head = train()
-    safety_tuned.save(path, THRESHOLDS, meta, network, head)
-    print(f"{path.name}: thresholds {THRESHOLDS}, {meta['training_rows']} rows")
+    out.mkdir(parents=True, exist_ok=True)
+    tuned_model.save(out / shipped.name, THRESHOLDS, meta, network, head)
+    print(f"{out / shipped.name}: thresholds {THRESHOLDS}, {meta['training_rows']} rows; "
+          "ship it with --promote")  # fmt: skip
     return 0
 
 

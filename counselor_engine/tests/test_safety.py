@@ -47,7 +47,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from counselor_engine import safety, safety_model
+from counselor_engine import safety
+from counselor_engine.safety import crisis_model, registry
 
 DATA = Path(__file__).resolve().parent / "data" / "crisis_eval.jsonl"
 RANK = {"none": 0, "concern": 1, "crisis": 2}
@@ -129,7 +130,7 @@ def test_it_reports_the_held_out_split_separately(capsys: pytest.CaptureFixture[
 
 def test_it_gives_the_same_answer_with_and_without_rule_gating() -> None:
     for row in ROWS:
-        assert safety._assess(row["text"], gate=True) == safety._assess(row["text"], gate=False)
+        assert safety.rules_assess(row["text"], gate=True) == safety.rules_assess(row["text"], gate=False)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -139,7 +140,7 @@ def test_it_gives_the_same_answer_with_and_without_rule_gating() -> None:
 )
 def test_it_gates_rules_safely_on_combined_messages(parts: list[str], glue: str) -> None:
     text = glue.join(parts)
-    assert safety._assess(text, gate=True) == safety._assess(text, gate=False)
+    assert safety.rules_assess(text, gate=True) == safety.rules_assess(text, gate=False)
 
 
 # -- the named cases --------------------------------------------------------------
@@ -251,13 +252,13 @@ def test_a_negation_said_of_someone_else_leaves_the_model_free(text: str, own: b
 def test_the_model_reads_a_threat_hidden_behind_someone_elses_negation() -> None:
     text = "my stepdad won't be hurting anyone after tonight. i've got my uncle's shotgun"
     assert safety.rules_assess(text).level == "none"
-    safety_model.set_model_for_tests(
-        safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
+    registry.set_model_for_tests(
+        crisis_model.CrisisModel.load(crisis_model.artifact_path("hash"))
     )
     try:
         assert safety.assess(text).level == "crisis"
     finally:
-        safety_model.reset()
+        registry.reset()
 
 
 @pytest.mark.parametrize(

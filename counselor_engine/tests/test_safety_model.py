@@ -15,7 +15,7 @@ Protocol (``tests/data/crisis_eval_v2.jsonl``, written by this project):
   once by the round-3 model; then v2-r3 and v2-r4 joined the training data for round 4.
 - ``v2-r5`` (same size and mix, new wording) was written after the round-4 rule changes
   and training data, before the round-4 model was trained, and scored once by it. It is
-  the honest held-out figure (``safety_model.HELD_OUT``) and is not trained on.
+  the honest held-out figure (``evaluation.HELD_OUT``) and is not trained on.
 - The training set ``data/safety/train_crisis.jsonl`` is separate. Disclosure: one author
   wrote evaluation and training sentences, and wrote the training set after seeing which
   v2-r1 items the RULES missed (not the model: it did not exist yet). Training sentences
@@ -145,7 +145,7 @@ wardrobe"), timing a train, hiding new wounds. A bag of words and a sentence emb
 fitted on ~1,800 statements do not read intent from deeds; the next step is a model that
 does (an instruction-tuned classifier or an LLM judge behind the rules), not more rounds.
 
-Round 9 (``counselor_engine.safety_tuned``) fine-tuned MiniLM itself as a classifier
+Round 9 (``counselor_engine.safety.tuned_model``) fine-tuned MiniLM itself as a classifier
 (LoRA adapters, ~0.7 M parameters) and serves the mean of its probabilities and round 8's,
 (crisis at even odds, concern at 0.7); both were trained on v2-r1..v2-r13 (v2-r12 and v2-r13, 167 and 172 rows
 after removing exact duplicates of our data, were written after the tuned model's first
@@ -187,7 +187,7 @@ added 439 training statements from two more authors who saw none of our data
 (``train_crisis_chat.jsonl``: teens and twenties texting; terse, understated and
 second-language voices), and changed how the ensemble reads: crisis at a mean of 0.35, not
 0.5, with the minilm model's plain-chat gate silencing both readers (chosen on v2-r14 and
-v2-r15 scored by both models trained without them: ``safety_tuned.ENSEMBLE_THRESHOLDS``).
+v2-r15 scored by both models trained without them: ``tuned_model.ENSEMBLE_THRESHOLDS``).
 ``v2-r16`` (176 rows) and ``v2-r17`` (175 after removing one duplicate of our data) were
 written by two more authors after round 10 was final, before it was trained. First runs,
 with round 9 as shipped (mean at 0.5, no gate) on the same text:
@@ -235,7 +235,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from counselor_engine import safety, safety_model
+from counselor_engine import safety
+from counselor_engine.safety import crisis_model, evaluation, registry
 from scripts import train_safety
 
 RANK = {"none": 0, "concern": 1, "crisis": 2}
@@ -252,16 +253,16 @@ def _report(title: str, figures: dict[str, list[int]]) -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_model():
-    safety_model.reset()
+    registry.reset()
     yield
-    safety_model.reset()
+    registry.reset()
 
 
 @pytest.fixture
 def minilm_model() -> None:
-    """The deployed model; the figures below are the ensemble's (``safety_tuned``), or the
+    """The deployed model; the figures below are the ensemble's (``tuned_model``), or the
     MiniLM linear + similarity model's where the tuned classifier cannot load."""
-    model = safety_model.get_model()
+    model = registry.get_model()
     if model is None or model.encoder not in ("minilm", "ensemble"):
         pytest.skip("the MiniLM package is not installed: the hash fallback is tested below")
 
@@ -270,16 +271,16 @@ def minilm_model() -> None:
 
 
 SCORED_V2 = {f"v2-r{i}" for i in range(1, 16)}  # trained on (train_safety.TRAINED_V2_ROUNDS)
-HELD_OUT_V2 = safety_model.HELD_OUT["crisis_eval_v2.jsonl"]
+HELD_OUT_V2 = evaluation.HELD_OUT["crisis_eval_v2.jsonl"]
 
 
 def _training_text() -> str:
-    files = sorted(safety_model.DATA_DIR.glob(train_safety.TRAIN_GLOB))
+    files = sorted(crisis_model.DATA_DIR.glob(train_safety.TRAIN_GLOB))
     return "".join(p.read_text("utf-8") for p in files).lower()
 
 
 def test_it_has_a_well_formed_v2_set() -> None:
-    rows = safety_model.labelled("crisis_eval_v2.jsonl")
+    rows = evaluation.labelled("crisis_eval_v2.jsonl")
     first = [r for r in rows if r["split"] == "v2-r1"]
     positives = [r for r in first if r["level"] != "none"]
     negatives = [r for r in first if r["level"] == "none"]
@@ -298,7 +299,7 @@ def test_it_has_a_well_formed_v2_set() -> None:
         assert {"explicit", "misspelled", "intermediate"} <= set(kinds)
     texts = [r["text"].lower() for r in rows]
     assert len(set(texts)) == len(texts)
-    others = safety_model.labelled("crisis_eval.jsonl")
+    others = evaluation.labelled("crisis_eval.jsonl")
     training = _training_text()
     assert not set(texts) & {r["text"].lower() for r in others}
     assert not [t for t in texts if f'"text": "{t}"' in training]
@@ -307,31 +308,31 @@ def test_it_has_a_well_formed_v2_set() -> None:
 def test_it_never_trains_on_held_out_rounds() -> None:
     rows = train_safety.training_rows()
     trained = {r["text"] for r in rows}
-    held = {split for splits in safety_model.HELD_OUT.values() for split in splits}
+    held = {split for splits in evaluation.HELD_OUT.values() for split in splits}
     assert not train_safety.TRAINED_V2_ROUNDS & set(HELD_OUT_V2)
     assert not {r["split"] for r in rows} & held
-    assert safety_model.labelled("crisis_eval.jsonl", ["heldout"])  # never empty
-    for name, splits in safety_model.HELD_OUT.items():  # a round may be empty: nothing to leak
-        assert not [r for r in safety_model.labelled(name, splits) if r["text"] in trained]
+    assert evaluation.labelled("crisis_eval.jsonl", ["heldout"])  # never empty
+    for name, splits in evaluation.HELD_OUT.items():  # a round may be empty: nothing to leak
+        assert not [r for r in evaluation.labelled(name, splits) if r["text"] in trained]
 
 
 def test_it_reports_held_out_figures_per_split() -> None:
     """docs/reliability.md reads these: a held-out round must never be pooled, and a round
     with no rows yet reports nothing rather than a made-up 0/0."""
-    safety_model.set_model_for_tests(None)
-    held = safety_model.held_out_figures(safety.assess)
+    registry.set_model_for_tests(None)
+    held = evaluation.held_out_figures(safety.assess)
     assert set(held) == {f"crisis_eval_v2.jsonl:{s}" for s in HELD_OUT_V2} | {
         "crisis_eval.jsonl:heldout"
     }
-    for name, splits in safety_model.HELD_OUT.items():
+    for name, splits in evaluation.HELD_OUT.items():
         for split in splits:
-            rows = safety_model.labelled(name, [split])
+            rows = evaluation.labelled(name, [split])
             figures = held[f"{name}:{split}"]
-            assert figures == (safety_model.figures(rows, safety.assess) if rows else {})
+            assert figures == (evaluation.figures(rows, safety.assess) if rows else {})
             if rows:
                 assert figures["fp"][1] == sum(r["level"] == "none" for r in rows)
-    per = safety_model.figures_by_split(
-        safety_model.labelled("crisis_eval_v2.jsonl"), safety.assess
+    per = evaluation.figures_by_split(
+        evaluation.labelled("crisis_eval_v2.jsonl"), safety.assess
     )
     assert SCORED_V2 <= set(per) <= SCORED_V2 | set(HELD_OUT_V2)
 
@@ -341,9 +342,9 @@ def test_it_reports_held_out_figures_per_split() -> None:
 
 @pytest.mark.usefixtures("minilm_model")
 def test_it_meets_the_targets_on_the_trained_splits(capsys: pytest.CaptureFixture[str]) -> None:
-    rows = safety_model.labelled("crisis_eval_v2.jsonl", sorted(train_safety.TRAINED_V2_ROUNDS))
-    rows += safety_model.labelled("crisis_eval.jsonl", sorted(train_safety.TUNED_SPLITS))
-    figures = safety_model.figures(rows, safety.assess)
+    rows = evaluation.labelled("crisis_eval_v2.jsonl", sorted(train_safety.TRAINED_V2_ROUNDS))
+    rows += evaluation.labelled("crisis_eval.jsonl", sorted(train_safety.TUNED_SPLITS))
+    figures = evaluation.figures(rows, safety.assess)
     with capsys.disabled():
         print("\n" + _report("rules + model, trained splits", figures))
     assert _rate(figures["explicit"]) == 1.0
@@ -353,7 +354,7 @@ def test_it_meets_the_targets_on_the_trained_splits(capsys: pytest.CaptureFixtur
 
 
 def _held_out_rows(name: str, split: str) -> list[dict[str, str]]:
-    rows = safety_model.labelled(name, [split])
+    rows = evaluation.labelled(name, [split])
     if not rows:
         pytest.skip(f"{name}: split {split} has no rows yet (appended when it is scored)")
     return rows
@@ -367,8 +368,8 @@ def test_it_reports_held_out_rounds(
     name: str, split: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rows = _held_out_rows(name, split)
-    figures = safety_model.figures(rows, safety.assess)
-    rules = safety_model.figures(rows, safety.rules_assess)
+    figures = evaluation.figures(rows, safety.assess)
+    rules = evaluation.figures(rows, safety.rules_assess)
     with capsys.disabled():
         print("\n" + _report(f"rules + model, held-out {split}", figures))
         print(_report(f"rules alone, held-out {split}", rules))
@@ -393,11 +394,11 @@ def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str)
     8/84; on v2-r15: 40/44, 82/88, 5/86; round 10 on v2-r16: 40/44, 82/88, 11/88, explicit
     15/16 before the rules read blunt force; on v2-r17: 42/44, 81/87, 16/88, explicit 15/16)."""
     rows = _held_out_rows(name, split)
-    safety_model.set_model_for_tests(
-        safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
+    registry.set_model_for_tests(
+        crisis_model.CrisisModel.load(crisis_model.artifact_path("hash"))
     )
-    figures = safety_model.figures(rows, safety.assess)
-    rules = safety_model.figures(rows, safety.rules_assess)
+    figures = evaluation.figures(rows, safety.assess)
+    rules = evaluation.figures(rows, safety.rules_assess)
     assert _rate(figures["explicit"]) == 1.0
     assert _rate(figures["indirect"]) >= _rate(rules["indirect"])
     assert _rate(figures["flagged"]) >= 0.8
@@ -408,7 +409,7 @@ def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str)
 
 
 def test_the_model_only_ever_raises_the_rules_level() -> None:
-    rows = safety_model.labelled("crisis_eval_v2.jsonl")
+    rows = evaluation.labelled("crisis_eval_v2.jsonl")
     for row in rows:
         full, rules = safety.assess(row["text"]), safety.rules_assess(row["text"])
         assert RANK[full.level] >= RANK[rules.level]
@@ -436,7 +437,7 @@ def test_the_model_cannot_overturn_a_negation(text: str) -> None:
 
 
 def test_the_rules_answer_alone_without_a_model() -> None:
-    safety_model.set_model_for_tests(None)
+    registry.set_model_for_tests(None)
     for text in ["i've worked out which pills and how many", "i want to kill myself", "hi"]:
         assert safety.assess(text) == safety.rules_assess(text)
 
@@ -444,9 +445,9 @@ def test_the_rules_answer_alone_without_a_model() -> None:
 def test_a_missing_artifact_leaves_the_rules_in_charge(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(safety_model, "artifact_path", lambda encoder: tmp_path / "none.npz")
+    monkeypatch.setattr(crisis_model, "artifact_path", lambda encoder: tmp_path / "none.npz")
     with caplog.at_level(logging.ERROR):
-        assert safety_model.get_model() is None
+        assert registry.get_model() is None
         assert safety.assess("i want to kill myself").level == "crisis"
     assert "crisis model unavailable" in caplog.text
 
@@ -458,7 +459,7 @@ def test_a_failing_model_leaves_the_rules_in_charge(
         def level(self, norm: str) -> tuple[str, float, float]:
             raise RuntimeError("encoder crashed")
 
-    safety_model.set_model_for_tests(Broken())  # type: ignore[arg-type]
+    registry.set_model_for_tests(Broken())  # type: ignore[arg-type]
     with caplog.at_level(logging.ERROR):
         assert safety.assess("i've worked out which pills and how many").level == "none"
         assert safety.assess("i want to kill myself").level == "crisis"
@@ -466,20 +467,20 @@ def test_a_failing_model_leaves_the_rules_in_charge(
 
 
 def test_a_malformed_artifact_is_refused(tmp_path: Path) -> None:
-    model = safety_model.CrisisModel.load(safety_model.artifact_path("hash"))
-    bad = safety_model.CrisisModel("hash", model.weights[:1], model.bias, model.thresholds, {})
+    model = crisis_model.CrisisModel.load(crisis_model.artifact_path("hash"))
+    bad = crisis_model.CrisisModel("hash", model.weights[:1], model.bias, model.thresholds, {})
     bad.save(tmp_path / "bad.npz")
     with pytest.raises(ValueError, match="malformed"):
-        safety_model.CrisisModel.load(tmp_path / "bad.npz")
+        crisis_model.CrisisModel.load(tmp_path / "bad.npz")
 
 
 def test_the_hash_artifact_round_trips_and_is_reproducible() -> None:
-    path = safety_model.artifact_path("hash")
-    model = safety_model.CrisisModel.load(path)
-    assert model.encoder == "hash" and model.weights.shape == (2, safety_model.HASH_DIM)
-    assert model.meta["training_sha256"] == safety_model.training_digest(
+    path = crisis_model.artifact_path("hash")
+    model = crisis_model.CrisisModel.load(path)
+    assert model.encoder == "hash" and model.weights.shape == (2, crisis_model.HASH_DIM)
+    assert model.meta["training_sha256"] == crisis_model.training_digest(
         train_safety.training_files()
-    ), "training data changed: rerun python -m scripts.train_safety"
+    ), "training data changed: rerun python -m scripts.train_safety, then --promote"
     assert train_safety.refit_matches(model)
 
 
@@ -494,72 +495,72 @@ def test_it_separates_separable_data_and_is_deterministic(n: int, seed: int) -> 
     x[:n, 0] = np.abs(x[:n, 0]) + 1.0
     x[n:, 0] = -np.abs(x[n:, 0]) - 1.0
     y = np.array([1.0] * n + [0.0] * n)
-    w, b = safety_model.fit_logistic(x, y, l2=1e-3)
+    w, b = crisis_model.fit_logistic(x, y, l2=1e-3)
     assert np.all((x @ w + b > 0) == (y == 1))
-    w2, b2 = safety_model.fit_logistic(x, y, l2=1e-3)
+    w2, b2 = crisis_model.fit_logistic(x, y, l2=1e-3)
     assert np.array_equal(w, w2) and b == b2
 
 
 def test_the_fitter_refuses_bad_input() -> None:
     with pytest.raises(ValueError):
-        safety_model.fit_logistic(np.zeros((3, 2)), np.array([0.0, 1.0, 2.0]))
+        crisis_model.fit_logistic(np.zeros((3, 2)), np.array([0.0, 1.0, 2.0]))
     with pytest.raises(ValueError):
-        safety_model.fit_logistic(np.zeros(3), np.zeros(3))
+        crisis_model.fit_logistic(np.zeros(3), np.zeros(3))
     with pytest.raises(ValueError, match="encoder"):
-        safety_model.artifact_path("gpt")
+        crisis_model.artifact_path("gpt")
 
 
 def test_the_similarity_term_fits_what_a_line_cannot() -> None:
     """Two opposite caps of the circle against the band between them: no line separates
-    them, the linear kernel plus :func:`safety_model.similarity` does."""
+    them, the linear kernel plus :func:`crisis_model.similarity` does."""
     angles = np.linspace(0, 2 * np.pi, 72, endpoint=False)
     points = np.stack([np.cos(angles), np.sin(angles)], axis=1)
     y = (np.abs(points[:, 0]) > 0.8).astype(float)
     linear = points @ points.T + 1.0
-    kernel = linear + safety_model.KERNEL_WEIGHT * safety_model.similarity(points, points)
-    alpha = safety_model.fit_dual(kernel, y, l2=1e-5)
+    kernel = linear + crisis_model.KERNEL_WEIGHT * crisis_model.similarity(points, points)
+    alpha = crisis_model.fit_dual(kernel, y, l2=1e-5)
     assert np.all((kernel @ alpha > 0) == (y == 1))
-    assert not np.all((linear @ safety_model.fit_dual(linear, y, l2=1e-5) > 0) == (y == 1))
-    assert np.array_equal(alpha, safety_model.fit_dual(kernel, y, l2=1e-5))
+    assert not np.all((linear @ crisis_model.fit_dual(linear, y, l2=1e-5) > 0) == (y == 1))
+    assert np.array_equal(alpha, crisis_model.fit_dual(kernel, y, l2=1e-5))
 
 
 def test_quantised_embeddings_stay_close() -> None:
     rng = np.random.default_rng(7)
-    dense = rng.normal(size=(20, safety_model.DENSE_DIM)).astype(np.float32)
+    dense = rng.normal(size=(20, crisis_model.DENSE_DIM)).astype(np.float32)
     dense /= np.linalg.norm(dense, axis=1, keepdims=True)
-    codes, scale = safety_model.quantise(dense)
+    codes, scale = crisis_model.quantise(dense)
     assert codes.dtype == np.int8 and scale.shape == (20,)
-    back = safety_model.dequantise(codes, scale)
+    back = crisis_model.dequantise(codes, scale)
     assert np.max(np.abs(np.sum(back * dense, axis=1) - 1.0)) < 1e-3
 
 
-@pytest.mark.parametrize("encoder", safety_model.ENCODERS)
+@pytest.mark.parametrize("encoder", crisis_model.ENCODERS)
 def test_the_artifacts_stay_small_and_well_formed(encoder: str) -> None:
-    path = safety_model.artifact_path(encoder)
+    path = crisis_model.artifact_path(encoder)
     # The minilm artifact keeps one int8 embedding per training row (384 bytes + a scale):
     # 2.1 MB at 5,342 rows (round 10); the cap leaves room for ~2,000 more.
     assert path.stat().st_size < 3_000_000
-    model = safety_model.CrisisModel.load(path)
+    model = crisis_model.CrisisModel.load(path)
     if encoder == "hash":  # linear only: the fallback must not need the embeddings
         assert model.support is None and model.alpha is None
         return
     assert model.support is not None and model.alpha is not None
     n = int(model.meta["training_rows"])  # type: ignore[call-overload]
-    assert model.support.shape == (n, safety_model.DENSE_DIM) and model.alpha.shape == (2, n)
+    assert model.support.shape == (n, crisis_model.DENSE_DIM) and model.alpha.shape == (2, n)
     assert model.meta["kernel"] == {
-        "weight": safety_model.KERNEL_WEIGHT,
-        "tau": safety_model.KERNEL_TAU,
+        "weight": crisis_model.KERNEL_WEIGHT,
+        "tau": crisis_model.KERNEL_TAU,
     }
     norms = np.linalg.norm(model.support, axis=1)
     assert np.all(np.abs(norms - 1.0) < 1e-2)
 
 
 def test_hashed_features_are_stable_unit_rows() -> None:
-    row = safety_model.hashed("i want it to stop")
-    assert row.shape == (safety_model.HASH_DIM,)
+    row = crisis_model.hashed("i want it to stop")
+    assert row.shape == (crisis_model.HASH_DIM,)
     assert abs(float(np.linalg.norm(row)) - 1.0) < 1e-5
-    assert np.array_equal(row, safety_model.hashed("i want it to stop"))
-    assert not safety_model.hashed("").any()
+    assert np.array_equal(row, crisis_model.hashed("i want it to stop"))
+    assert not crisis_model.hashed("").any()
 
 
 # Everyday chat the product sees in every session, none of it in the training data. The
@@ -592,7 +593,7 @@ def test_everyday_messages_written_apart_are_not_flagged(
     from the training file's everyday rows and never trained on. A hotline card on "how do
     I make cold brew?" costs the trust the card needs when it matters: at most 1% flagged
     at any level (the training budget FP_EVERYDAY is the same share, out of fold)."""
-    rows = safety_model.labelled("everyday_eval.jsonl")
+    rows = evaluation.labelled("everyday_eval.jsonl")
     assert len(rows) >= 200 and {(r["level"], r["kind"]) for r in rows} == {("none", "everyday")}
     trained = {r["text"].lower() for r in train_safety.training_rows()}
     assert not [r for r in rows if r["text"].lower() in trained]
@@ -603,12 +604,12 @@ def test_everyday_messages_written_apart_are_not_flagged(
     assert len(flagged) <= 0.01 * len(rows)
 
 
-def _always_crisis(gate_bias: float) -> safety_model.CrisisModel:
+def _always_crisis(gate_bias: float) -> crisis_model.CrisisModel:
     """A model whose heads say crisis for anything, with a gate of constant P(plain)."""
-    dim = safety_model.DENSE_DIM + safety_model.HASH_DIM
-    gate = np.zeros(safety_model.DENSE_DIM + 1, dtype=np.float32)
+    dim = crisis_model.DENSE_DIM + crisis_model.HASH_DIM
+    gate = np.zeros(crisis_model.DENSE_DIM + 1, dtype=np.float32)
     gate[-1] = gate_bias
-    return safety_model.CrisisModel(
+    return crisis_model.CrisisModel(
         "minilm",
         np.zeros((2, dim), dtype=np.float32),
         np.array([10.0, 10.0], dtype=np.float32),
@@ -623,22 +624,22 @@ def test_the_gate_silences_the_model_on_plain_chat_only() -> None:
     assert _always_crisis(gate_bias=10.0).level("how do i make cold brew")[0] == "none"
     assert _always_crisis(gate_bias=-10.0).level("how do i make cold brew")[0] == "crisis"
     # Served through assess: the gate silences the model, never the rules.
-    safety_model.set_model_for_tests(_always_crisis(gate_bias=10.0))
+    registry.set_model_for_tests(_always_crisis(gate_bias=10.0))
     assert safety.assess("how do i make cold brew").level == "none"
     assert safety.assess("i am going to kill myself tonight").level == "crisis"
 
 
 def test_a_malformed_gate_is_refused(tmp_path: Path) -> None:
     model = _always_crisis(gate_bias=0.0)
-    broken = safety_model.CrisisModel(
+    broken = crisis_model.CrisisModel(
         model.encoder, model.weights, model.bias, model.thresholds, model.meta,
         gate=np.zeros(7, dtype=np.float32),
     )  # fmt: skip
     broken.save(tmp_path / "m.npz")
     with pytest.raises(ValueError, match="gate"):
-        safety_model.CrisisModel.load(tmp_path / "m.npz")
+        crisis_model.CrisisModel.load(tmp_path / "m.npz")
     model.save(tmp_path / "ok.npz")
-    again = safety_model.CrisisModel.load(tmp_path / "ok.npz")
+    again = crisis_model.CrisisModel.load(tmp_path / "ok.npz")
     assert again.gate is not None and np.array_equal(again.gate, model.gate)  # type: ignore[arg-type]
 
 

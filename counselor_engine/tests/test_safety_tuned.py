@@ -1,4 +1,4 @@
-"""The tuned crisis classifier and the ensemble that serves it (counselor_engine.safety_tuned).
+"""The tuned crisis classifier and the ensemble that serves it (counselor_engine.safety.tuned_model).
 
 The figures on labelled rounds are in ``test_safety_model.py`` (they measure whatever
 serves); here: the artifact, its failure paths and the averaging.
@@ -13,38 +13,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from counselor_engine import safety, safety_model, safety_tuned
+from counselor_engine import safety
+from counselor_engine.safety import registry, tuned_model
 from scripts import train_safety_tuned
 
 pytestmark = pytest.mark.skipif(
-    not (safety_tuned.available() and safety_tuned.ARTIFACT.exists()),
+    not (tuned_model.available() and tuned_model.ARTIFACT.exists()),
     reason="the tuned crisis model needs the MiniLM package, transformers and peft",
 )
 
 
 @pytest.fixture(autouse=True)
 def _fresh_model():
-    safety_model.reset()
+    registry.reset()
     yield
-    safety_model.reset()
+    registry.reset()
 
 
 @pytest.fixture(scope="module")
-def tuned() -> safety_tuned.TunedCrisisModel:
-    return safety_tuned.TunedCrisisModel.load()
+def tuned() -> tuned_model.TunedCrisisModel:
+    return tuned_model.TunedCrisisModel.load()
 
 
 def test_the_artifact_is_small_and_trained_on_the_current_data(
-    tuned: safety_tuned.TunedCrisisModel,
+    tuned: tuned_model.TunedCrisisModel,
 ) -> None:
-    assert safety_tuned.ARTIFACT.stat().st_size < 2_000_000
-    assert tuned.head.shape == (2, safety_tuned.HIDDEN + 1)
+    assert tuned_model.ARTIFACT.stat().st_size < 2_000_000
+    assert tuned.head.shape == (2, tuned_model.HIDDEN + 1)
     assert tuned.thresholds == train_safety_tuned.THRESHOLDS
-    assert not train_safety_tuned.stale(tuned), "rerun python -m scripts.train_safety_tuned"
+    assert not train_safety_tuned.stale(tuned), "rerun python -m scripts.train_safety_tuned, then --promote"
     assert train_safety_tuned.main(["--check"]) == 0
 
 
-def test_it_scores_in_batches_like_one_by_one(tuned: safety_tuned.TunedCrisisModel) -> None:
+def test_it_scores_in_batches_like_one_by_one(tuned: tuned_model.TunedCrisisModel) -> None:
     texts = ["i gave my dog away and wrote the letters", "gtg, ttyl", "what's the weather"]
     together = tuned.probabilities([safety.normalise(t) for t in texts])
     alone = np.concatenate([tuned.probabilities([safety.normalise(t)]) for t in texts])
@@ -54,7 +55,7 @@ def test_it_scores_in_batches_like_one_by_one(tuned: safety_tuned.TunedCrisisMod
 
 
 def _rewrite(path: Path, **changes: object) -> None:
-    with np.load(safety_tuned.ARTIFACT, allow_pickle=False) as data:
+    with np.load(tuned_model.ARTIFACT, allow_pickle=False) as data:
         arrays = {k: np.asarray(data[k]) for k in data.files}
     header = json.loads(bytes(arrays["header"]).decode("utf-8"))
     for key, value in changes.items():
@@ -81,13 +82,13 @@ def _rewrite(path: Path, **changes: object) -> None:
 def test_a_malformed_artifact_is_refused(tmp_path: Path, changes: dict, message: str) -> None:
     _rewrite(tmp_path / "bad.npz", **changes)
     with pytest.raises(ValueError, match=message):
-        safety_tuned.TunedCrisisModel.load(tmp_path / "bad.npz")
+        tuned_model.TunedCrisisModel.load(tmp_path / "bad.npz")
 
 
 def test_the_ensemble_serves_where_it_loads() -> None:
-    model = safety_model.get_model()
-    assert model is not None and model.encoder == safety_tuned.ENSEMBLE
-    assert safety_model.preferred_encoder() == safety_tuned.ENSEMBLE
+    model = registry.get_model()
+    assert model is not None and model.encoder == tuned_model.ENSEMBLE
+    assert registry.preferred_encoder() == tuned_model.ENSEMBLE
 
 
 def test_a_broken_tuned_artifact_leaves_the_minilm_model_serving(
@@ -95,9 +96,9 @@ def test_a_broken_tuned_artifact_leaves_the_minilm_model_serving(
 ) -> None:
     broken = tmp_path / "crisis_model_tuned.npz"
     broken.write_bytes(b"not an npz")
-    monkeypatch.setattr(safety_tuned, "ARTIFACT", broken)
+    monkeypatch.setattr(tuned_model, "ARTIFACT", broken)
     with caplog.at_level(logging.ERROR):
-        model = safety_model.get_model()
+        model = registry.get_model()
     assert model is not None and model.encoder == "minilm"
     assert "tuned crisis model unavailable" in caplog.text
     assert safety.assess("i want to kill myself").level == "crisis"
@@ -133,24 +134,24 @@ class _Fixed:
 def test_the_ensemble_averages_its_two_readers(
     tuned_p: tuple[float, float], kernel_p: tuple[float, float], level: str
 ) -> None:
-    assert safety_tuned.ENSEMBLE_THRESHOLDS == {"concern": 0.7, "crisis": 0.35}
-    model = safety_tuned.CrisisEnsemble(_Fixed(*tuned_p), _Fixed(*kernel_p))  # type: ignore[arg-type]
+    assert tuned_model.ENSEMBLE_THRESHOLDS == {"concern": 0.7, "crisis": 0.35}
+    model = tuned_model.CrisisEnsemble(_Fixed(*tuned_p), _Fixed(*kernel_p))  # type: ignore[arg-type]
     got, risk, crisis = model.level("anything")
     assert got == level
     assert risk == pytest.approx((tuned_p[0] + kernel_p[0]) / 2)
     assert crisis == pytest.approx((tuned_p[1] + kernel_p[1]) / 2)
     # Served through assess it can only raise the rules' level, never lower it.
-    safety_model.set_model_for_tests(model)  # type: ignore[arg-type]
+    registry.set_model_for_tests(model)  # type: ignore[arg-type]
     assert safety.assess("i am going to kill myself tonight").level == "crisis"
 
 
 def test_the_plain_chat_gate_silences_the_ensemble_but_never_the_rules() -> None:
     """Where the minilm reader's gate reads plain chat the ensemble adds nothing, however
     sure its readers are; the rules still answer a crisis in plain words."""
-    model = safety_tuned.CrisisEnsemble(_Fixed(0.99, 0.99), _Fixed(0.99, 0.99, plain=True))  # type: ignore[arg-type]
+    model = tuned_model.CrisisEnsemble(_Fixed(0.99, 0.99), _Fixed(0.99, 0.99, plain=True))  # type: ignore[arg-type]
     got, risk, crisis = model.level("anything")
     assert (got, risk, crisis) == ("none", pytest.approx(0.99), pytest.approx(0.99))
-    safety_model.set_model_for_tests(model)  # type: ignore[arg-type]
+    registry.set_model_for_tests(model)  # type: ignore[arg-type]
     assert safety.assess("how do i make cold brew at home?").level == "none"
     assert safety.assess("i am going to kill myself tonight").level == "crisis"
 
@@ -158,8 +159,8 @@ def test_the_plain_chat_gate_silences_the_ensemble_but_never_the_rules() -> None
 def test_the_served_gate_reads_plain_chat_as_plain() -> None:
     """The real artifacts: the gate is present and lets a farewell through but silences a
     plain question to the bot."""
-    model = safety_model.get_model()
-    assert model is not None and model.encoder == safety_tuned.ENSEMBLE
+    model = registry.get_model()
+    assert model is not None and model.encoder == tuned_model.ENSEMBLE
     _, silenced = model.kernel.read(
         ["how do i change the date of my next appointment?", "gave the cat to my sister for good"]
     )
@@ -174,6 +175,6 @@ def test_loading_leaves_the_global_random_stream_alone() -> None:
     torch.manual_seed(1)
     expected = torch.rand(3)
     torch.manual_seed(1)
-    safety_tuned._load_cached.cache_clear()
-    safety_tuned.TunedCrisisModel.load()
+    tuned_model._load_cached.cache_clear()
+    tuned_model.TunedCrisisModel.load()
     assert torch.equal(torch.rand(3), expected)

@@ -25,7 +25,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from counselor_engine import safety_model
+from counselor_engine.safety import registry
 from webapp.accounts.socket_auth import login_still_valid
 from webapp.counseling import frames, services, turns
 from webapp.counseling.models import Session, Turn
@@ -85,7 +85,7 @@ def warm_crisis_model() -> None:
     In the calling thread, before the server serves anything: loading it in a background
     thread raced other threads importing transformers (the lazy module then failed with
     "cannot import name ..." in whichever thread lost)."""
-    safety_model.warm()
+    registry.warm()
 
 
 class SessionConsumer(AsyncWebsocketConsumer):

@@ -26,7 +26,8 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 
-from counselor_engine import safety, safety_model
+from counselor_engine import safety
+from counselor_engine.safety import registry
 from webapp.accounts.tests.factories import ClientProfileFactory, grant_all_consents
 from webapp.counseling import services
 from webapp.counseling.tests.helpers import connect, frames_until, turn_texts
@@ -47,9 +48,9 @@ BOUND_S = 2.0
 def _crisis_model_loaded() -> None:
     """A server loads the crisis model when the consumer module is imported; do the same
     here so a test measures a message, not the one-off model load."""
-    safety_model.reset()
-    safety_model.warm()
-    assert safety_model.get_model() is not None
+    registry.reset()
+    registry.warm()
+    assert registry.get_model() is not None
 
 
 def _client():  # type: ignore[no-untyped-def]

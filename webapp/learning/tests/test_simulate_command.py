@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from counselor_engine import safety_model
+from counselor_engine.safety import registry
 from counselor_engine.simulation import ExternalReport, PerspectiveScore
 from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session, Turn
@@ -39,9 +39,9 @@ def lab(tiny_engine, settings, tmp_path):  # type: ignore[no-untyped-def]
     settings.PSYEVO_CANDIDATES = 2
     settings.PSYEVO_MAX_NEW_TOKENS = 8
     settings.SIMULATION_REPORT_DIR = tmp_path / "reports"
-    safety_model.set_model_for_tests(None)
+    registry.set_model_for_tests(None)
     yield settings
-    safety_model.reset()
+    registry.reset()
 
 
 class ReadsEverythingAsCrisis:
@@ -56,7 +56,7 @@ class ReadsEverythingAsCrisis:
 def test_a_simulated_crisis_is_reported_and_never_alerted(lab):  # type: ignore[no-untyped-def]
     """The safe reply answers the simulated client as it would a person; the report says
     so; no clinician is alerted for a synthetic client, and no posterior learns from it."""
-    safety_model.set_model_for_tests(ReadsEverythingAsCrisis())  # type: ignore[arg-type]
+    registry.set_model_for_tests(ReadsEverythingAsCrisis())  # type: ignore[arg-type]
     simulate("--clients", "1", "--sessions", "1", "--max-turns", "1", "--adapter", "base")
     run = SimulationRun.objects.get()
     assert run.status == "succeeded", run.error

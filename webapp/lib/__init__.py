@@ -1,0 +1,1 @@
+"""Helpers every web app shares (as healthchecks keeps ``hc/lib/``); a plain package, not an app."""

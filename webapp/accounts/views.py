@@ -13,10 +13,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.accounts.access import role_required, same_site_path
 from webapp.accounts.forms import ConsentForm, LoginForm
 from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
 from webapp.learning.schedule import withdraw_evidence
+from webapp.lib.access import role_required, same_site_path
 
 ROLE_HOME = {Role.CLIENT: "my_sessions", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
 

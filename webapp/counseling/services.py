@@ -34,9 +34,9 @@ from webapp.learning.models import (
     SkillDecision,
 )
 from webapp.learning.services import active_version
+from webapp.lib.access import overseen_sessions
 from webapp.memory import services as memory_services
 from webapp.oversight import alerts
-from webapp.oversight.access import overseen_sessions
 from webapp.oversight.models import ClientControl
 
 log = logging.getLogger(__name__)
@@ -523,5 +523,5 @@ def client_may_open(user: User, session: Session) -> bool:
 
 
 def clinician_may_open(user: User, session: Session) -> bool:
-    """Assigned to the client, or covering a crisis flag of this session (oversight.access)."""
+    """Assigned to the client, or covering a crisis flag of this session (webapp.lib.access)."""
     return Session.objects.filter(overseen_sessions(user), pk=session.pk).exists()

@@ -50,7 +50,7 @@ from counselor_engine.backends.adapter_files import (
 )
 from webapp.accounts.models import Role, User
 from webapp.learning.models import AdapterVersion, CandidateGroup, LearningScope, TrainingRun
-from webapp.oversight import audit
+from webapp.lib import audit
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from counselor_engine.states import ALL_SLOTS
-from webapp.accounts.access import role_required
 from webapp.accounts.models import Role, User
 from webapp.learning.health import loop_health
 from webapp.learning.models import AdapterVersion, TrainingRun
-from webapp.oversight import audit, auditlog, erasure, plots, posteriors, training
+from webapp.lib import audit, plots
+from webapp.lib.access import role_required
+from webapp.oversight import auditlog, erasure, posteriors, training
 from webapp.oversight.forms import AuditFilterForm, EraseForm, PopulationForm
 from webapp.oversight.models import AuditEvent
 

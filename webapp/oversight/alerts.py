@@ -16,9 +16,9 @@ from django.db import transaction
 from django.db.models import Q
 
 from counselor_engine.safety import SafetyAssessment
-from webapp.accounts.consumers import user_group
 from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Session, Turn
+from webapp.lib.groups import user_group
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
 log = logging.getLogger(__name__)

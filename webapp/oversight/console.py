@@ -18,8 +18,8 @@ from counselor_engine.skills import skills_for
 from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session, Turn
 from webapp.learning.models import CandidateGroup, SkillDecision
-from webapp.oversight import audit, plots
-from webapp.oversight.access import overseen_sessions
+from webapp.lib import audit, plots
+from webapp.lib.access import overseen_sessions
 from webapp.oversight.models import ClientControl, SafetyFlag
 
 security_log = logging.getLogger("psyevo.security")

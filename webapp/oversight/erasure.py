@@ -47,8 +47,8 @@ from webapp.learning.models import (
     TrainingRun,
 )
 from webapp.learning.services import lock_scope, return_evidence
+from webapp.lib import audit
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit
 from webapp.oversight.models import AuditEvent, ClientControl, SafetyFlag
 
 APPROVED = (

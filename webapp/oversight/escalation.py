@@ -27,7 +27,8 @@ from django.db.models import Count, F, OuterRef, Subquery
 from django.utils import timezone
 
 from webapp.accounts.models import ClientProfile, Role, User
-from webapp.oversight import alerts, audit
+from webapp.lib import audit
+from webapp.oversight import alerts
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
 log = logging.getLogger(__name__)

@@ -82,7 +82,7 @@ def _on_commit(
     model, pk = type(obj), obj.pk
 
     def write() -> None:
-        from webapp.oversight import audit
+        from webapp.lib import audit
 
         content_type = ContentType.objects.get_for_model(model)
         entry = (

@@ -17,8 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from webapp.lib import crypto
-from webapp.oversight import audit
+from webapp.lib import audit, crypto
 
 log = logging.getLogger("psyevo.security")
 

@@ -27,6 +27,7 @@ from counselor_engine.hbsp import Decision, SkillPosterior
 from counselor_engine.safety import SafetyAssessment
 from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Course, Session, Turn
+from webapp.learning import schedule
 from webapp.learning.models import (
     CandidateGroup,
     PosteriorCell,
@@ -452,8 +453,6 @@ def finish_session(
     turns) is kept in ``Session.outcome["evidence"]`` for the clinician review and the
     posterior inspector. A session reward that was never observed (no rating, nothing
     judged) is stored as None, so it joins no client's reward history."""
-    from webapp.learning import schedule
-
     with transaction.atomic():
         session = lock_session(session_id)
         if session.status != Session.Status.OPEN:

@@ -1,13 +1,14 @@
 """Who may do what: one home for access decisions shared by every app.
 
 Role gates for views log each denial to the security log; ``same_site_path`` keeps every
-redirect on this site. The oversight predicates say which clinicians may oversee a session
-live: the assigned one, and a covering one. An unacknowledged crisis flag is escalated to
-a second clinician when the assigned one does not answer in time
-(:mod:`webapp.oversight.escalation`). The covering clinician must be able to do what the
-assigned one could in that session: read it, join its socket, pause the AI and write to
-the client. So the review page, the live page, the socket and pause/resume all use these
-predicates.
+redirect on this site; a client without counseling consent is sent to "My choices".
+
+The oversight predicates say which clinicians may oversee a session live: the assigned
+one, and a covering one. An unacknowledged crisis flag is escalated to a second clinician
+when the assigned one does not answer in time (:mod:`webapp.oversight.escalation`). The
+covering clinician must be able to do what the assigned one could in that session: read
+it, join its socket, pause the AI and write to the client. So the review page, the live
+page, the socket and pause/resume all use these predicates.
 
 The choice: the covering right is scoped to the session that holds the escalated flag,
 as the review page always was. The clinician's other pages about the client stay closed.
@@ -28,8 +29,10 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
 
-from webapp.accounts.models import ClientProfile, User
+from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session
 
 security_log = logging.getLogger("psyevo.security")
@@ -80,6 +83,22 @@ def role_required(
         return wrapped
 
     return decorator
+
+
+# Why a client is on "My choices" before they can talk with the counselor: one sentence,
+# shown above the form when they arrive from the home page or from "Start session".
+NEEDS_COUNSELING_CONSENT = "needs-counseling"
+
+
+def consent_needed_redirect() -> HttpResponse:
+    return redirect(f"{reverse('consent')}?why={NEEDS_COUNSELING_CONSENT}")
+
+
+def lacks_counseling_consent(user: User) -> bool:
+    """A client with a profile whose latest counseling choice is not "yes" (or who never
+    made one). A client without a profile is the clinic's to set up, not a consent question."""
+    profile = ClientProfile.objects.filter(user=user).first()
+    return profile is not None and not profile.has_consent(ConsentPurpose.COUNSELING)
 
 
 def overseen_sessions(clinician: User) -> Q:

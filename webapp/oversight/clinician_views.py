@@ -17,10 +17,11 @@ from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Course, Session
 from webapp.lib import audit
 from webapp.lib.access import role_required
+from webapp.lib.forms import MemoryCorrectionForm
 from webapp.memory import services as memory_services
 from webapp.memory.models import MemoryItem
 from webapp.oversight import console, evidence
-from webapp.oversight.forms import MemoryCorrectionForm, SkillControlForm
+from webapp.oversight.forms import SkillControlForm
 from webapp.oversight.models import ClientControl, SafetyFlag
 
 

@@ -184,6 +184,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 300.0,
     },
 }
+# The trainer's foreground entry point, by name like the task above: `manage.py lipo_round
+# --now` runs a round in its own process through it, and no webapp module imports
+# training_worker. Called as runner(run_id, progress=callback(phase, done, total)) -> outcome.
+PSYEVO_FOREGROUND_ROUND = "training_worker.round.run_round"
 
 # --- Auth -------------------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"

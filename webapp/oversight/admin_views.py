@@ -21,7 +21,7 @@ from webapp.learning.health import loop_health
 from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.lib import audit, plots
 from webapp.lib.access import role_required
-from webapp.oversight import auditlog, erasure, posteriors, training
+from webapp.oversight import audit_query, erasure, posteriors, training
 from webapp.oversight.forms import AuditFilterForm, EraseForm, PopulationForm
 from webapp.oversight.models import AuditEvent
 
@@ -131,7 +131,7 @@ def lineage(request: HttpRequest) -> HttpResponse:
 def audit_log(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None)
     data = form.cleaned_data if form.is_valid() else {}
-    page = Paginator(auditlog.filtered(data), 100).get_page(request.GET.get("page"))
+    page = Paginator(audit_query.filtered(data), 100).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     context = {"form": form, "page": page, "query": query.urlencode()}
@@ -143,8 +143,8 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     form = AuditFilterForm(request.GET or None)
     data = form.cleaned_data if form.is_valid() else {}
     audit.record(request.user, "audit.export", filters={k: str(v) for k, v in data.items() if v})
-    events = auditlog.filtered(data).iterator(chunk_size=2000)
-    response = StreamingHttpResponse(auditlog.csv_rows(events), content_type="text/csv")
+    events = audit_query.filtered(data).iterator(chunk_size=2000)
+    response = StreamingHttpResponse(audit_query.csv_rows(events), content_type="text/csv")
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     response["Content-Disposition"] = f'attachment; filename="psyevo-audit-{stamp}.csv"'
     return response

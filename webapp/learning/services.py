@@ -6,7 +6,7 @@ conditional UPDATEs whose row counts are checked, and the database constraints
 (``one_active_adapter``, ``servable_adapter_is_approved``, ``approval_matches_files``)
 back them up whatever code path writes.
 
-Lifecycle (DESIGN.md): training -> validating -> pending_approval -> approved -> active ->
+Lifecycle (docs/architecture.md): training -> validating -> pending_approval -> approved -> active ->
 retired, or failed / rejected / superseded. Here, approving a pending version activates it
 in the same transaction ("Approve and activate"): it serves sessions that START afterwards,
 while a session in progress keeps the version it pinned. Rollback re-activates an earlier

@@ -21,7 +21,8 @@ from webapp.learning.health import loop_health
 from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.lib import audit, plots
 from webapp.lib.access import role_required
-from webapp.oversight import audit_query, erasure, posteriors, training
+from webapp.oversight import audit_query, posteriors, training
+from webapp.oversight.data_rights import erasure
 from webapp.oversight.forms import AuditFilterForm, EraseForm, PopulationForm
 from webapp.oversight.models import AuditEvent
 

@@ -162,10 +162,13 @@ def on_private_redis(settings, private_redis):  # type: ignore[no-untyped-def]
     settings.REDIS_URL = url
     old_broker = celery_app.conf.broker_url
     celery_app.conf.broker_url = url
-    celery_app.close()  # forget pooled broker connections to the shared server
+    # Forget pooled broker connections to the shared server. Not celery_app.close(): that
+    # also deregisters the app, and a task module imported afterwards (the web side queues
+    # tasks by name, so tests may import one first) would then not register with it.
+    celery_app._pool = None
     yield proc
     celery_app.conf.broker_url = old_broker
-    celery_app.close()
+    celery_app._pool = None
 
 
 # -- the real vLLM server (tests marked vllm) ------------------------------------------------

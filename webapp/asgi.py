@@ -18,7 +18,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from webapp.accounts.mfa import MfaScopeMiddleware  # noqa: E402
 from webapp.counseling import spool  # noqa: E402
 from webapp.counseling.consumers import warm_crisis_model  # noqa: E402
-from webapp.crypto import warn_if_development_key  # noqa: E402
+from webapp.lib.crypto import warn_if_development_key  # noqa: E402
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 
 warn_if_development_key()

@@ -4,7 +4,7 @@ Settings live in Django settings under the CELERY_ namespace. The web side queue
 training rounds by task *name* and never imports ``training_worker``.
 
 A worker sets up its own log handlers in place of the ones ``settings.LOGGING`` made; the
-signal handlers below put the secret-redacting filter (``webapp.logsafety``) on them, so
+signal handlers below put the secret-redacting filter (``webapp.lib.logsafety``) on them, so
 worker logs are redacted like the web's.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Queue
 
-from webapp.logsafety import install_on
+from webapp.lib.logsafety import install_on
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 

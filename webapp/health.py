@@ -26,6 +26,9 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from webapp.accounts.mfa import STAFF_ROLES
+from webapp.celery import app as celery_app
+
 log = logging.getLogger(__name__)
 
 
@@ -50,9 +53,7 @@ def check_redis() -> str | None:
 
 
 def check_celery() -> str | None:
-    from webapp.celery import app
-
-    replies = app.control.ping(timeout=settings.HEALTHZ_TIMEOUT_SECONDS)
+    replies = celery_app.control.ping(timeout=settings.HEALTHZ_TIMEOUT_SECONDS)
     if not replies:
         return "no worker answered a ping"
     return None
@@ -107,8 +108,6 @@ def run_checks(*, cached_celery: bool = False) -> dict[str, dict[str, str]]:
 def may_see_detail(request: HttpRequest) -> bool:
     """Staff, or a request made on this machine directly (not relayed by a proxy there:
     a local reverse proxy would make every outside caller look local)."""
-    from webapp.accounts.mfa import STAFF_ROLES
-
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated and getattr(user, "role", None) in STAFF_ROLES:
         return True

@@ -17,7 +17,7 @@ from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from counselor_engine.lipo.config import LipoConfig
-from webapp.env import (
+from webapp.lib.env import (
     env_bool,
     env_choice,
     env_fernet_keys,
@@ -44,7 +44,7 @@ else:
     ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
-# Transcript and memory text are encrypted at rest (webapp/crypto.py) with these Fernet keys;
+# Transcript and memory text are encrypted at rest (webapp/lib/crypto.py) with these Fernet keys;
 # the first encrypts, all decrypt, `manage.py rotate_keys` moves every row to the first.
 PSYEVO_ENCRYPTION_KEYS = env_fernet_keys("PSYEVO_ENCRYPTION_KEYS")
 PSYEVO_ENCRYPTION_KEY_IS_DERIVED = False
@@ -53,7 +53,7 @@ if not PSYEVO_ENCRYPTION_KEYS:
         require("PSYEVO_ENCRYPTION_KEYS")
     # Development only: a key derived from SECRET_KEY, so local data stays readable between
     # runs. Changing SECRET_KEY makes that data unreadable; production must set real keys.
-    # The servers say so on start-up (webapp.crypto.warn_if_development_key).
+    # The servers say so on start-up (webapp.lib.crypto.warn_if_development_key).
     PSYEVO_ENCRYPTION_KEY_IS_DERIVED = True
     PSYEVO_ENCRYPTION_KEYS = [
         base64.urlsafe_b64encode(
@@ -186,6 +186,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 300.0,
     },
 }
+# The trainer's foreground entry point, by name like the task above: `manage.py lipo_round
+# --now` runs a round in its own process through it, and no webapp module imports
+# training_worker. Called as runner(run_id, progress=callback(phase, done, total)) -> outcome.
+PSYEVO_FOREGROUND_ROUND = "training_worker.round.run_round"
 
 # --- Auth -------------------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"
@@ -388,7 +392,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     # Known secret values (SECRET_KEY, encryption keys, service passwords) never reach a log.
-    "filters": {"redact_secrets": {"()": "webapp.logsafety.RedactSecretsFilter"}},
+    "filters": {"redact_secrets": {"()": "webapp.lib.logsafety.RedactSecretsFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

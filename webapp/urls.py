@@ -16,6 +16,6 @@ urlpatterns = [
     path("clinician/", include("webapp.oversight.urls")),
     path("adapters/", include("webapp.learning.urls")),
     path("console/", include("webapp.oversight.console_urls")),
-    path("me/data/", include("webapp.oversight.me_urls")),
+    path("me/data/", include("webapp.oversight.data_rights.urls")),
     path("", include("webapp.accounts.urls")),
 ]

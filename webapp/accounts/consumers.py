@@ -18,12 +18,13 @@ from django.db import DatabaseError
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
+from webapp.accounts.models import User
+from webapp.accounts.socket_auth import login_still_valid
+from webapp.lib.groups import user_group
+from webapp.oversight.models import SafetyFlag
+
 log = logging.getLogger(__name__)
 security_log = logging.getLogger("psyevo.security")
-
-
-def user_group(user_id: int) -> str:
-    return f"user.{user_id}"
 
 
 class NotificationConsumer(AsyncJsonWebsocketConsumer):
@@ -77,8 +78,6 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def _render(self, payload: dict[str, Any]) -> str:
         if payload.get("kind") == "safety_flag":
-            from webapp.oversight.models import SafetyFlag
-
             flag = (
                 SafetyFlag.objects.select_related("client", "acknowledged_by")
                 .filter(pk=payload.get("flag"), client__client_profile__clinician_id=self.user_id)
@@ -98,8 +97,5 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def _still_allowed(self) -> bool:
         """Still active and still logged in (``socket_auth.login_still_valid``)."""
-        from webapp.accounts.models import User
-        from webapp.accounts.socket_auth import login_still_valid
-
         user = User.objects.filter(pk=self.user_id, is_active=True).first()
         return user is not None and login_still_valid(self.django_session_key, user)

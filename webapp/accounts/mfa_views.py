@@ -16,11 +16,11 @@ from django.views.decorators.http import require_http_methods
 from django_otp import login as otp_login
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from webapp.accounts.access import same_site_path
 from webapp.accounts.forms import TokenForm
 from webapp.accounts.mfa import STAFF_ROLES, confirmed_device
 from webapp.accounts.models import User
-from webapp.oversight import audit
+from webapp.lib import audit
+from webapp.lib.access import same_site_path
 
 security_log = logging.getLogger("psyevo.security")
 

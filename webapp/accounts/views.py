@@ -13,10 +13,20 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.accounts.access import role_required, same_site_path
 from webapp.accounts.forms import ConsentForm, LoginForm
 from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord, Role, User
+from webapp.counseling.models import Session
+from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.learning.schedule import withdraw_evidence
+from webapp.lib.access import (
+    NEEDS_COUNSELING_CONSENT,
+    consent_needed_redirect,
+    lacks_counseling_consent,
+    role_required,
+    same_site_path,
+)
+from webapp.oversight import alerts
+from webapp.oversight.models import ClientControl, SafetyFlag
 
 ROLE_HOME = {Role.CLIENT: "my_sessions", Role.CLINICIAN: "clinician_home", Role.ADMIN: "admin_home"}
 
@@ -43,22 +53,6 @@ def logout_view(request: HttpRequest) -> HttpResponse:
     logout(request)
     messages.info(request, "You are logged out.")
     return redirect("login")
-
-
-# Why a client is on "My choices" before they can talk with the counselor: one sentence,
-# shown above the form when they arrive from the home page or from "Start session".
-NEEDS_COUNSELING_CONSENT = "needs-counseling"
-
-
-def consent_needed_redirect() -> HttpResponse:
-    return redirect(f"{reverse('consent')}?why={NEEDS_COUNSELING_CONSENT}")
-
-
-def lacks_counseling_consent(user: User) -> bool:
-    """A client with a profile whose latest counseling choice is not "yes" (or who never
-    made one). A client without a profile is the clinic's to set up, not a consent question."""
-    profile = _profile(user)
-    return profile is not None and not profile.has_consent(ConsentPurpose.COUNSELING)
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -113,9 +107,6 @@ def consent(request: HttpRequest) -> HttpResponse:
 
 @role_required(Role.CLINICIAN)
 def clinician_home(request: HttpRequest) -> HttpResponse:
-    from webapp.counseling.models import Session
-    from webapp.oversight.models import ClientControl, SafetyFlag
-
     profiles = (
         ClientProfile.objects.filter(clinician=request.user)
         .select_related("user")
@@ -140,15 +131,13 @@ def clinician_home(request: HttpRequest) -> HttpResponse:
         .select_related("client")
         .order_by("-created_at")[:50]
     )
-    from webapp.oversight.alerts import failed_deliveries
-
     return render(
         request,
         "accounts/clinician_home.html",
         {
             "clients": rows,
             "flags": flags,
-            "failed_alerts": failed_deliveries(clinician=request.user),
+            "failed_alerts": alerts.failed_deliveries(clinician=request.user),
             "no_email": not request.user.email.strip(),
         },
     )
@@ -156,9 +145,6 @@ def clinician_home(request: HttpRequest) -> HttpResponse:
 
 @role_required(Role.ADMIN)
 def admin_home(request: HttpRequest) -> HttpResponse:
-    from webapp.learning.models import AdapterVersion, TrainingRun
-    from webapp.oversight import alerts
-
     counts = {role.label: User.objects.filter(role=role, is_active=True).count() for role in Role}
     context = {
         "counts": counts,

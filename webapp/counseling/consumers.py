@@ -26,18 +26,14 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from counselor_engine.safety import registry
+from webapp.accounts.models import User
 from webapp.accounts.socket_auth import login_still_valid
-from webapp.counseling import frames, services, turns
+from webapp.counseling import services, turns
 from webapp.counseling.models import Session, Turn
-from webapp.counseling.turns import (  # noqa: F401  (imported from here by other modules)
-    ReplyLock,
-    is_unicode_text,
-    redis_client,
-    reply_key,
-    session_group,
-    valid_msg_id,
-)
-from webapp.oversight import audit
+from webapp.counseling.turns import redis_client, reply_key
+from webapp.lib import audit, frames
+from webapp.lib.groups import session_group
+from webapp.oversight.console import review_consented
 from webapp.oversight.models import ClientControl
 
 log = logging.getLogger(__name__)
@@ -189,9 +185,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
         behind a changed password), and, for a clinician, allowed to see this client's
         words (assigned or covering, and the client consents to clinician review; a
         crisis flag still reaches the clinician through the alert, with its turn only)."""
-        from webapp.accounts.models import User
-        from webapp.oversight.console import review_consented
-
         user = User.objects.filter(pk=self.user.pk, is_active=True).first()
         if user is None or not login_still_valid(self.django_session_key, user, touch=touch):
             return None

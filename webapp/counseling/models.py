@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from webapp.accounts.models import Modality
-from webapp.crypto import EncryptedTextField
+from webapp.lib.crypto import EncryptedTextField
 
 
 class Course(models.Model):
@@ -109,7 +109,7 @@ class Turn(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=16, choices=Role.choices)
-    text = EncryptedTextField()  # encrypted at rest; not searchable in SQL (webapp/crypto.py)
+    text = EncryptedTextField()  # encrypted at rest; not searchable in SQL (webapp/lib/crypto.py)
     skill = models.CharField(max_length=8, blank=True, default="")
     state_slot = models.CharField(max_length=48, blank=True, default="")
     safety_level = models.CharField(max_length=8, default="none")

@@ -27,6 +27,7 @@ from counselor_engine.hbsp import Decision, SkillPosterior
 from counselor_engine.safety import SafetyAssessment
 from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Course, Session, Turn
+from webapp.learning import schedule
 from webapp.learning.models import (
     CandidateGroup,
     PosteriorCell,
@@ -34,9 +35,9 @@ from webapp.learning.models import (
     SkillDecision,
 )
 from webapp.learning.services import active_version
+from webapp.lib.access import overseen_sessions
 from webapp.memory import services as memory_services
 from webapp.oversight import alerts
-from webapp.oversight.access import overseen_sessions
 from webapp.oversight.models import ClientControl
 
 log = logging.getLogger(__name__)
@@ -452,8 +453,6 @@ def finish_session(
     turns) is kept in ``Session.outcome["evidence"]`` for the clinician review and the
     posterior inspector. A session reward that was never observed (no rating, nothing
     judged) is stored as None, so it joins no client's reward history."""
-    from webapp.learning import schedule
-
     with transaction.atomic():
         session = lock_session(session_id)
         if session.status != Session.Status.OPEN:
@@ -523,5 +522,5 @@ def client_may_open(user: User, session: Session) -> bool:
 
 
 def clinician_may_open(user: User, session: Session) -> bool:
-    """Assigned to the client, or covering a crisis flag of this session (oversight.access)."""
+    """Assigned to the client, or covering a crisis flag of this session (webapp.lib.access)."""
     return Session.objects.filter(overseen_sessions(user), pk=session.pk).exists()

@@ -36,7 +36,9 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from counselor_engine.safety import SafetyAssessment
-from webapp import crypto
+from webapp.accounts.models import User
+from webapp.counseling import services
+from webapp.lib import crypto
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -133,9 +135,6 @@ def replay() -> int:
     flag's notifications, and delete it; returns how many were written. Stops at the first
     database error (storage is still down: the rest wait for the next replay). Blocking:
     run it on a worker thread."""
-    from webapp.accounts.models import User
-    from webapp.counseling import services
-
     if not _replaying.acquire(blocking=False):
         return 0
     written = 0

@@ -57,10 +57,12 @@ from counselor_engine.counselor import (
 from counselor_engine.counselor import SessionRating as Rating
 from counselor_engine.text import strip_control
 from webapp.counseling import services, spool
-from webapp.counseling.models import Turn
+from webapp.counseling.models import Session, Turn
 from webapp.counseling.runtime import counselor_for, get_backend
 from webapp.learning.models import AdapterVersion
 from webapp.learning.services import NotServable, servable_path
+from webapp.lib import audit
+from webapp.lib.groups import session_group
 from webapp.memory import services as memory_services
 from webapp.oversight.models import ClientControl
 
@@ -84,10 +86,6 @@ def keep(task: asyncio.Task[Any]) -> asyncio.Task[Any]:
     background.add(task)
     task.add_done_callback(background.discard)
     return task
-
-
-def session_group(session_id: int) -> str:
-    return f"session.{session_id}"
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -845,9 +843,6 @@ async def _answer_flight(
 
 
 def _write_superseded(session_id: int, seq: int, how: str) -> None:
-    from webapp.counseling.models import Session
-    from webapp.oversight import audit
-
     try:
         session = Session.objects.select_related("client").get(pk=session_id)
         audit.record(

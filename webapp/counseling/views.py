@@ -11,13 +11,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
-from webapp.accounts.views import consent_needed_redirect, lacks_counseling_consent
 from webapp.counseling import services
 from webapp.counseling.forms import RatingForm
 from webapp.counseling.models import Session
-from webapp.counseling.turns import end_session, session_group
+from webapp.counseling.turns import end_session
+from webapp.lib.access import consent_needed_redirect, lacks_counseling_consent, role_required
+from webapp.lib.groups import session_group
 
 security_log = logging.getLogger("psyevo.security")
 

@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from webapp.accounts.models import Modality
-from webapp.crypto import EncryptedJSONField
+from webapp.lib.crypto import EncryptedJSONField
 
 
 class AdapterVersion(models.Model):
@@ -39,7 +39,7 @@ class AdapterVersion(models.Model):
     path = models.CharField(max_length=500, blank=True, default="")
     sha256 = models.CharField(max_length=64, blank=True, default="")
     # Its side-by-side entries copy held-out prompts (clients' recent turns) and the replies
-    # to them: encrypted at rest like the turns themselves (webapp/crypto.py).
+    # to them: encrypted at rest like the turns themselves (webapp/lib/crypto.py).
     validation_report = EncryptedJSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     approved_by = models.ForeignKey(

@@ -19,21 +19,21 @@ from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 
 from counselor_engine.lipo.batch import sample_batch
 from counselor_engine.lipo.config import LipoConfig
+from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord
 from webapp.learning.models import (
     CandidateGroup,
     LearningScope,
     SimulationClient,
     TrainingRun,
 )
-from webapp.learning.services import SCOPE
 
 if TYPE_CHECKING:
-    from webapp.accounts.models import ClientProfile as ClientProfileModel
     from webapp.counseling.models import Session
 
 log = logging.getLogger(__name__)
 
 TASK_NAME = "training_worker.tasks.lipo_round"
+SCOPE = "default"
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,17 @@ class GraphRef:
     edges: list[Any]
 
 
+def lock_scope() -> LearningScope:
+    """Lock the shared scope row: the scheduler's count, and every activation and erasure
+    (before it stops the rounds that used the client's evidence), are serialised on it."""
+    LearningScope.objects.get_or_create(name=SCOPE)
+    return LearningScope.objects.select_for_update().get(name=SCOPE)
+
+
 def trainable_clients() -> Q:
     """Evidence of real clients, and of simulated clients only when their run allowed
     training (``simulate --allow-training``): the lab's data never mixes into a round by
     default. A client whose profile is gone (erased) is not simulated."""
-    from webapp.accounts.models import ClientProfile
-
     # A subquery, not a join: claiming locks rows FOR UPDATE, which PostgreSQL refuses
     # on the nullable side of the outer join a reverse one-to-one lookup would make.
     held_back = ClientProfile.objects.filter(simulated=True, simulated_training=False)
@@ -59,12 +64,10 @@ def trainable_clients() -> Q:
     )
 
 
-def training_withdrawn() -> QuerySet[ClientProfileModel]:
+def training_withdrawn() -> QuerySet[ClientProfile]:
     """Profiles whose latest training consent record is a withdrawal (issue 18: consent
     is checked where evidence is used - claimed or held out - not only where it was
     created; evidence returned from a rejected round after a withdrawal stays out)."""
-    from webapp.accounts.models import ClientProfile, ConsentPurpose, ConsentRecord
-
     latest = (
         ConsentRecord.objects.filter(profile=OuterRef("pk"), purpose=ConsentPurpose.TRAINING)
         .order_by("-recorded_at", "-id")
@@ -141,8 +144,6 @@ def simulation_of(session: Session | None) -> LabSession | None:
     """None for a real client's session; else what its simulation run allows."""
     if session is None:
         return None
-    from webapp.accounts.models import ClientProfile
-
     profile = ClientProfile.objects.filter(user_id=session.client_id, simulated=True).first()
     if profile is None:
         return None
@@ -179,8 +180,7 @@ def note_session_completed(session: Session | None) -> bool:
     if lab is not None and not lab.trains:
         return False  # a simulated session never moves the shared scheduler by default
     with transaction.atomic():
-        LearningScope.objects.get_or_create(name=SCOPE)
-        scope = LearningScope.objects.select_for_update().get(name=SCOPE)
+        scope = lock_scope()
         LearningScope.objects.filter(pk=scope.pk).update(
             completed_sessions=F("completed_sessions") + 1, sessions_per_round=per_round
         )
@@ -208,8 +208,7 @@ def queue_round_from_active(*, trigger: str) -> TrainingRun | None:
     already queued or running, or the buffer holds no admissible batch. Used when evidence
     comes back because a version was superseded. Returns the queued run."""
     with transaction.atomic():
-        LearningScope.objects.get_or_create(name=SCOPE)
-        LearningScope.objects.select_for_update().get(name=SCOPE)
+        lock_scope()
         busy = TrainingRun.objects.filter(
             status__in=[TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING]
         )

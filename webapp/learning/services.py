@@ -48,14 +48,15 @@ from counselor_engine.backends.adapter_files import (
     read_adapter_files,
 )
 from webapp.accounts.models import Role, User
-from webapp.learning.models import AdapterVersion, CandidateGroup, LearningScope, TrainingRun
-from webapp.oversight import audit
+from webapp.counseling.models import Session
+from webapp.learning import schedule
+from webapp.learning.models import AdapterVersion, CandidateGroup, TrainingRun
+from webapp.lib import audit
 
 log = logging.getLogger(__name__)
 
 Status = AdapterVersion.Status
 SERVABLE = (Status.APPROVED, Status.ACTIVE, Status.RETIRED)
-SCOPE = "default"
 UNLOAD_WINDOW = timedelta(days=7)  # longer than any session: older retirees are unloaded
 
 
@@ -223,8 +224,6 @@ def prune_snapshots(*, keep: str = "") -> list[str]:
     up. Both this process's private root and the shared ``ADAPTER_DIR/.verified/`` are
     pruned. ``keep`` (the folder just written) is never removed, whatever a concurrent
     decision did meanwhile. Called on every :func:`servable_path`."""
-    from webapp.counseling.models import Session
-
     bases = [b for b in (private_snapshot_root(), _shared_snapshot_root()) if b.is_dir()]
     if not bases:
         return []
@@ -295,7 +294,7 @@ def approve(version: AdapterVersion, clinician: User, note: str = "") -> Adapter
     with transaction.atomic():
         # The scope lock serialises this with every other approval and rollback, so the
         # active version read below cannot change before we commit.
-        lock_scope()
+        schedule.lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status != Status.PENDING_APPROVAL:
             raise DecisionRefused(f"{current.name} is {current.status}, not pending approval")
@@ -345,7 +344,7 @@ def supersede_if_stale(version: AdapterVersion) -> str:
     superseded at once rather than waiting for a clinician to try. Returns the reason,
     or "" when it is approvable (or no longer pending)."""
     with transaction.atomic():
-        lock_scope()
+        schedule.lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         active = active_version()
         if current.status != Status.PENDING_APPROVAL or current.parent_id == (
@@ -385,7 +384,7 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
     if getattr(actor, "role", None) not in (Role.CLINICIAN, Role.ADMIN):
         raise DecisionRefused("only clinicians and admins can roll back")
     with transaction.atomic():
-        lock_scope()
+        schedule.lock_scope()
         current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
         if current.status not in (Status.APPROVED, Status.RETIRED):
             raise DecisionRefused(
@@ -406,13 +405,6 @@ def rollback(version: AdapterVersion, actor: User, reason: str = "") -> AdapterV
         _sync_serving_on_commit(current.pk, retired)
     current.refresh_from_db()
     return current
-
-
-def lock_scope() -> LearningScope:
-    """Serialise activations: every one locks the shared scope row first (erasure
-    too, before it stops the rounds that used the client's evidence)."""
-    LearningScope.objects.get_or_create(name=SCOPE)
-    return LearningScope.objects.select_for_update().get(name=SCOPE)
 
 
 def _activate_locked(version: AdapterVersion, actor: User, now: datetime) -> list[int]:
@@ -452,8 +444,6 @@ def _supersede_locked(
     """pending_approval -> superseded for ``versions``, each with its reason; return each
     one's reserved evidence to the buffer, then queue a round from the active version if
     the buffer now holds an admissible batch (on commit). Caller holds the scope lock."""
-    from webapp.learning import schedule  # schedule imports this module
-
     reasons = []
     for version in versions:
         parent = version.parent.name if version.parent else "the base model"
@@ -567,7 +557,7 @@ def sync_serving(activated_pk: int, retired: list[int]) -> None:
     """
     if settings.PSYEVO_BACKEND != "vllm":
         return
-    from counselor_engine.backends.vllm_backend import VLLMBackend
+    from counselor_engine.backends.vllm_backend import VLLMBackend  # its HTTP client: vLLM only
 
     backend = VLLMBackend(
         settings.PSYEVO_VLLM_URL or "",

@@ -227,7 +227,7 @@ def run_lab(lab: LabPlan, *, progress: Progress | None = None) -> SimulationRun:
     A failure after the run row exists marks it ``failed`` with the reason, abandons the
     sessions left open, and raises :class:`SimulationFailed`.
     """
-    from webapp.learning import simreport
+    from webapp.learning import simreport  # matplotlib loads when a run is reported
 
     run = SimulationRun.objects.create(
         strategy=lab.strategy,

@@ -1,7 +1,7 @@
 """Simulation run reports: the summary JSON, its SVG plots, and the files on disk.
 
 One summary feeds both the staff page and the file the command writes, so they never
-disagree. Plots use matplotlib's object API through ``oversight.plots`` (no pyplot in a
+disagree. Plots use matplotlib's object API through ``webapp.lib.plots`` (no pyplot in a
 server); the SVG text is built from numbers and our own labels only.
 
 Summary, per run:
@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from counselor_engine.output_guard import rejection_counts
 from counselor_engine.simulation.interaction import ALL_STATES
 from webapp.learning.models import CandidateGroup, SimulationReport, SimulationRun
-from webapp.oversight import plots
+from webapp.lib import plots
 
 if TYPE_CHECKING:
     from counselor_engine.simulation import CurriculumController

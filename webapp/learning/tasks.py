@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from webapp.learning import services
+
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def release_expired_leases() -> int:
     """Return evidence held by rounds whose worker died, even when no new round starts
     (rounds also call it when they begin). Run by celery beat."""
-    from webapp.learning.services import release_expired_leases as release
-
-    return release()
+    return services.release_expired_leases()

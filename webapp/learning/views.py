@@ -18,10 +18,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.access import deny, role_required
 from webapp.accounts.models import Role, User
 from webapp.learning import reports, services
 from webapp.learning.models import AdapterVersion, SimulationRun, TrainingRun
+from webapp.lib.access import deny, role_required
 
 Status = AdapterVersion.Status
 LINEAGE_DEPTH = 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from webapp.crypto import EncryptedTextField
+from webapp.lib.crypto import EncryptedTextField
 
 
 class MemoryItem(models.Model):
@@ -24,7 +24,7 @@ class MemoryItem(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories"
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    text = EncryptedTextField()  # encrypted at rest; not searchable in SQL (webapp/crypto.py)
+    text = EncryptedTextField()  # encrypted at rest; not searchable in SQL (webapp/lib/crypto.py)
     origin = models.CharField(max_length=16, choices=Origin.choices)
     source_session = models.ForeignKey(
         "counseling.Session", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"

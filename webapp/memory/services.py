@@ -17,8 +17,8 @@ from django.utils import timezone
 from counselor_engine import memory as engine_memory
 from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session
+from webapp.lib import audit
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit
 
 log = logging.getLogger(__name__)
 security_log = logging.getLogger("psyevo.security")

@@ -9,11 +9,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
+from webapp.lib.access import role_required
+from webapp.lib.forms import MemoryCorrectionForm
 from webapp.memory import services
 from webapp.memory.models import MemoryItem
-from webapp.oversight.forms import MemoryCorrectionForm
 
 security_log = logging.getLogger("psyevo.security")
 

@@ -16,11 +16,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from counselor_engine.states import ALL_SLOTS
-from webapp.accounts.access import role_required
 from webapp.accounts.models import Role, User
 from webapp.learning.health import loop_health
 from webapp.learning.models import AdapterVersion, TrainingRun
-from webapp.oversight import audit, auditlog, erasure, plots, posteriors, training
+from webapp.lib import audit, plots
+from webapp.lib.access import role_required
+from webapp.oversight import audit_query, posteriors, training
+from webapp.oversight.data_rights import erasure
 from webapp.oversight.forms import AuditFilterForm, EraseForm, PopulationForm
 from webapp.oversight.models import AuditEvent
 
@@ -130,7 +132,7 @@ def lineage(request: HttpRequest) -> HttpResponse:
 def audit_log(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None)
     data = form.cleaned_data if form.is_valid() else {}
-    page = Paginator(auditlog.filtered(data), 100).get_page(request.GET.get("page"))
+    page = Paginator(audit_query.filtered(data), 100).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     context = {"form": form, "page": page, "query": query.urlencode()}
@@ -142,8 +144,8 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     form = AuditFilterForm(request.GET or None)
     data = form.cleaned_data if form.is_valid() else {}
     audit.record(request.user, "audit.export", filters={k: str(v) for k, v in data.items() if v})
-    events = auditlog.filtered(data).iterator(chunk_size=2000)
-    response = StreamingHttpResponse(auditlog.csv_rows(events), content_type="text/csv")
+    events = audit_query.filtered(data).iterator(chunk_size=2000)
+    response = StreamingHttpResponse(audit_query.csv_rows(events), content_type="text/csv")
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     response["Content-Disposition"] = f'attachment; filename="psyevo-audit-{stamp}.csv"'
     return response

@@ -3,6 +3,9 @@
 The live push goes through the channel layer to the clinician's notification socket
 (any server process); the email goes through an outbox row that a Celery task drains,
 so a down mail server or worker delays the email but never loses it.
+
+Tasks are queued by name: ``webapp.oversight.tasks`` runs this module's and
+``escalation``'s code, so importing it here would make a circle.
 """
 
 from __future__ import annotations
@@ -11,17 +14,22 @@ import logging
 from collections.abc import Callable
 
 from asgiref.sync import async_to_sync
+from celery import current_app
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
 from counselor_engine.safety import SafetyAssessment
-from webapp.accounts.consumers import user_group
 from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Session, Turn
+from webapp.lib.groups import user_group
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
 log = logging.getLogger(__name__)
+
+DELIVER_TASK = "webapp.oversight.tasks.deliver_alerts"
+ESCALATE_TASK = "webapp.oversight.tasks.escalate_flag"
 
 
 def notify_user(user_id: int, payload: dict[str, object]) -> None:
@@ -83,20 +91,30 @@ def store_flag(
     if assessment.level == "crisis":
         # Unacknowledged after the delay -> a second clinician (at once if none is
         # assigned): see webapp.oversight.escalation.
-        from webapp.oversight import escalation
-
         flag_id, now = flag.pk, clinician is None
-        dispatch += [_queue_delivery, lambda: escalation.queue_check(flag_id, immediately=now)]
+        dispatch += [_queue_delivery, lambda: queue_check(flag_id, immediately=now)]
     return flag, dispatch
 
 
 def _queue_delivery() -> None:
-    from webapp.oversight.tasks import deliver_alerts
-
     try:
-        deliver_alerts.delay()
+        current_app.send_task(DELIVER_TASK)
     except Exception as exc:  # broker down: the outbox row waits for the next drain
         log.warning("could not queue alert delivery: %s", exc)
+
+
+def delay_seconds() -> int:
+    """How long a crisis flag waits for its clinician before it is escalated."""
+    return int(getattr(settings, "PSYEVO_ESCALATION_SECONDS", 300))
+
+
+def queue_check(flag_id: int, *, immediately: bool = False) -> None:
+    """Queue the escalation check of a new crisis flag now (after the flag's commit)."""
+    countdown = 0 if immediately else delay_seconds()
+    try:
+        current_app.send_task(ESCALATE_TASK, args=[flag_id], countdown=countdown)
+    except Exception as exc:  # broker down: escalate_overdue picks the flag up later
+        log.warning("could not schedule escalation of flag %s: %s", flag_id, exc)
 
 
 def failed_deliveries(*, clinician: User | None = None) -> list[AlertOutbox]:

@@ -13,13 +13,15 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.accounts.access import role_required
 from webapp.accounts.models import ClientProfile, Role, User
 from webapp.counseling.models import Course, Session
+from webapp.lib import audit
+from webapp.lib.access import role_required
+from webapp.lib.forms import MemoryCorrectionForm
 from webapp.memory import services as memory_services
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit, console, evidence
-from webapp.oversight.forms import MemoryCorrectionForm, SkillControlForm
+from webapp.oversight import console, evidence
+from webapp.oversight.forms import SkillControlForm
 from webapp.oversight.models import ClientControl, SafetyFlag
 
 

@@ -18,8 +18,9 @@ from counselor_engine.skills import skills_for
 from webapp.accounts.models import ClientProfile, ConsentPurpose, User
 from webapp.counseling.models import Session, Turn
 from webapp.learning.models import CandidateGroup, SkillDecision
-from webapp.oversight import audit, plots
-from webapp.oversight.access import overseen_sessions
+from webapp.lib import audit, plots
+from webapp.lib.access import overseen_sessions
+from webapp.memory.models import MemoryItem
 from webapp.oversight.models import ClientControl, SafetyFlag
 
 security_log = logging.getLogger("psyevo.security")
@@ -317,8 +318,6 @@ def set_skill_controls(
 def memory_chains(client: User) -> list[list[Any]]:
     """The client's memory as chains, newest first: each chain runs from the current (or
     retired) item back through every item it superseded, so the source stays visible."""
-    from webapp.memory.models import MemoryItem
-
     items = list(
         MemoryItem.objects.filter(client=client)
         .select_related("source_session", "created_by", "retired_by")

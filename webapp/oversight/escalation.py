@@ -21,35 +21,16 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, OuterRef, Subquery
 from django.utils import timezone
 
 from webapp.accounts.models import ClientProfile, Role, User
-from webapp.oversight import alerts, audit
+from webapp.lib import audit
+from webapp.oversight import alerts
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
 log = logging.getLogger(__name__)
-
-
-def delay_seconds() -> int:
-    return int(getattr(settings, "PSYEVO_ESCALATION_SECONDS", 300))
-
-
-def schedule(flag_id: int, *, immediately: bool = False) -> None:
-    """Queue the escalation check for a new crisis flag once the transaction commits."""
-    transaction.on_commit(lambda: queue_check(flag_id, immediately=immediately))
-
-
-def queue_check(flag_id: int, *, immediately: bool = False) -> None:
-    """Queue the escalation check now (after the flag's commit)."""
-    from webapp.oversight.tasks import escalate_flag
-
-    try:
-        escalate_flag.apply_async(args=[flag_id], countdown=0 if immediately else delay_seconds())
-    except Exception as exc:  # broker down: escalate_overdue picks the flag up later
-        log.warning("could not schedule escalation of flag %s: %s", flag_id, exc)
 
 
 def pick_second_clinician(flag: SafetyFlag) -> User | None:
@@ -122,7 +103,7 @@ def escalate(flag_id: int, *, min_age_seconds: int = 0) -> SafetyFlag | None:
 
 def escalate_overdue(limit: int = 100) -> int:
     """Escalate every crisis flag left unacknowledged past the delay (the backstop)."""
-    cutoff = timezone.now() - timedelta(seconds=delay_seconds())
+    cutoff = timezone.now() - timedelta(seconds=alerts.delay_seconds())
     ids = list(
         SafetyFlag.objects.filter(
             level="crisis",
@@ -133,4 +114,4 @@ def escalate_overdue(limit: int = 100) -> int:
         .order_by("created_at")
         .values_list("pk", flat=True)[:limit]
     )
-    return sum(escalate(pk, min_age_seconds=delay_seconds()) is not None for pk in ids)
+    return sum(escalate(pk, min_age_seconds=alerts.delay_seconds()) is not None for pk in ids)

@@ -20,7 +20,7 @@ from counselor_engine.states import ALL_SLOTS
 from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session
 from webapp.learning.models import PosteriorCell, PosteriorUpdate
-from webapp.oversight import plots
+from webapp.lib import plots
 from webapp.oversight.evidence import EvidenceNote, client_notes
 
 TIE_TOLERANCE = 1e-12  # maxima this close are a tie (paper, App. F)

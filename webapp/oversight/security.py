@@ -15,7 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 
-from webapp.accounts.access import deny
+from webapp.lib.access import deny
 
 security_log = logging.getLogger("psyevo.security")
 

@@ -15,10 +15,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from webapp.accounts.models import User
-from webapp.counseling import frames
-from webapp.counseling.consumers import session_group
 from webapp.counseling.models import Session
-from webapp.oversight import audit
+from webapp.lib import audit, frames
+from webapp.lib.groups import session_group
 from webapp.oversight.models import ClientControl, SafetyFlag
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from webapp.accounts.models import ClientProfile, Role, User
+from webapp.lib import audit
 
 
 def _watched(update_fields: Any, name: str) -> bool:
@@ -82,8 +83,6 @@ def _on_commit(
     model, pk = type(obj), obj.pk
 
     def write() -> None:
-        from webapp.oversight import audit
-
         content_type = ContentType.objects.get_for_model(model)
         entry = (
             LogEntry.objects.filter(

@@ -11,6 +11,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
+from webapp.oversight import escalation
 from webapp.oversight.models import AlertOutbox
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,6 @@ def _try(row: AlertOutbox) -> None:
 def _gave_up(row: AlertOutbox) -> None:
     """An alert nobody will receive by e-mail: escalate its flag (a no-op when it is
     acknowledged or escalated already) and say so loudly."""
-    from webapp.oversight import escalation
-
     log.critical("alert %s for flag %s failed after %s tries: %s", row.pk, row.flag_id,
                  row.attempts, row.last_error)  # fmt: skip
     try:
@@ -107,8 +106,6 @@ def _gave_up(row: AlertOutbox) -> None:
 def escalate_flag(flag_id: int) -> bool:
     """Scheduled with a countdown when a crisis flag is raised: escalate it to a second
     clinician if it is still unacknowledged (idempotent; see ``escalation``)."""
-    from webapp.oversight import escalation
-
     return escalation.escalate(flag_id) is not None
 
 
@@ -116,6 +113,4 @@ def escalate_flag(flag_id: int) -> bool:
 def escalate_overdue_flags() -> int:
     """Backstop for lost countdown tasks: escalate every overdue crisis flag. Safe to run
     from a periodic schedule or by hand."""
-    from webapp.oversight import escalation
-
     return escalation.escalate_overdue()

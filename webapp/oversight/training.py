@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from webapp.learning.models import AdapterVersion, TrainingRun
-from webapp.oversight import plots
+from webapp.lib import plots
 
 
 def _number(value: Any) -> float | None:

@@ -9,11 +9,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.access import role_required, same_site_path
 from webapp.accounts.models import Role
 from webapp.counseling.models import Session
-from webapp.oversight import audit, console, services
-from webapp.oversight.access import pausable_profile
+from webapp.lib import audit
+from webapp.lib.access import pausable_profile, role_required, same_site_path
+from webapp.oversight import console, services
 from webapp.oversight.clinician_views import review_withdrawn
 from webapp.oversight.models import ClientControl
 

@@ -14,7 +14,7 @@ from celery.utils.log import get_task_logger
 from django.conf import settings
 
 from webapp.celery import app
-from webapp.logsafety import REDACTED
+from webapp.lib.logsafety import REDACTED
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from webapp import crypto
 from webapp.accounts.tests.factories import ClientProfileFactory
 from webapp.counseling.models import Course, Session, Turn
-from webapp.env import env_fernet_keys
+from webapp.lib import crypto
+from webapp.lib.env import env_fernet_keys
 from webapp.memory.models import MemoryItem
 from webapp.oversight.models import AuditEvent
 

@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from webapp import crypto
 from webapp.counseling.models import Turn
 from webapp.learning.models import AdapterVersion, CandidateGroup
 from webapp.learning.tests.helpers import make_groups
+from webapp.lib import crypto
 from webapp.memory.models import MemoryItem
 from webapp.oversight.models import SafetyFlag
 

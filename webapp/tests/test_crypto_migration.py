@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from webapp import crypto
 from webapp.accounts.tests.factories import ClientProfileFactory
+from webapp.lib import crypto
 
 BEFORE = [("counseling", "0003_append_only_turns"), ("memory", "0001_initial")]
 

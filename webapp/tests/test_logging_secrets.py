@@ -27,7 +27,7 @@ from webapp.accounts.tests.factories import (
 )
 from webapp.counseling import services
 from webapp.counseling.tests.helpers import connect, frames_until
-from webapp.logsafety import REDACTED, RedactSecretsFilter
+from webapp.lib.logsafety import REDACTED, RedactSecretsFilter
 
 NEW_PASSWORD = "a brand new passphrase 93"
 # Loggers that do not propagate to the root logger (settings.LOGGING) need their own handler.

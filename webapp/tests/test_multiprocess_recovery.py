@@ -15,10 +15,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from webapp.accounts.tests.factories import ClientProfileFactory, grant_all_consents
-from webapp.counseling import frames, services
-from webapp.counseling.consumers import ReplyLock, redis_client, reply_key
+from webapp.counseling import services
 from webapp.counseling.models import Turn
 from webapp.counseling.tests.helpers import connect, frames_until
+from webapp.counseling.turns import ReplyLock, redis_client, reply_key
+from webapp.lib import frames
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

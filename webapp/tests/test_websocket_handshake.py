@@ -10,10 +10,10 @@ from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.db import SessionStore
 
-from webapp.accounts.consumers import user_group
 from webapp.accounts.tests.factories import UserFactory
 from webapp.asgi import application
 from webapp.counseling.tests.helpers import end_refused
+from webapp.lib.groups import user_group
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from webapp.accounts.access import same_site_path
 from webapp.accounts.tests.factories import PASSWORD, UserFactory
+from webapp.lib.access import same_site_path
 from webapp.oversight.tests.helpers import client_profile
 
 OFFSITE = [

@@ -1,18 +1,18 @@
-"""Turn text is encrypted at rest (webapp/crypto.py): encrypt the rows stored before."""
+"""Turn text is encrypted at rest (webapp/lib/crypto.py): encrypt the rows stored before."""
 
 from django.db import migrations
 
-import webapp.crypto
+import webapp.lib.crypto
 
 
 def encrypt_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    webapp.crypto.rotate_table(
+    webapp.lib.crypto.rotate_table(
         schema_editor.connection, "counseling_turn", "text", encrypt_plaintext=True
     )
 
 
 def decrypt_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    webapp.crypto.decrypt_table(schema_editor.connection, "counseling_turn", "text")
+    webapp.lib.crypto.decrypt_table(schema_editor.connection, "counseling_turn", "text")
 
 
 class Migration(migrations.Migration):
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="turn",
             name="text",
-            field=webapp.crypto.EncryptedTextField(),
+            field=webapp.lib.crypto.EncryptedTextField(),
         ),
         migrations.RunPython(encrypt_existing, decrypt_existing),
     ]

@@ -19,9 +19,9 @@ from webapp.accounts.tests.factories import (
     grant_all_consents,
 )
 from webapp.counseling import services
-from webapp.counseling.consumers import redis_client
 from webapp.counseling.models import Turn
 from webapp.counseling.tests.helpers import connect, frames_until, token_texts, turn_texts
+from webapp.counseling.turns import redis_client
 from webapp.learning.models import CandidateGroup, SkillDecision
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 

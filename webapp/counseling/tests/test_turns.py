@@ -22,6 +22,7 @@ from webapp.counseling import runtime, services, turns
 from webapp.counseling.models import Session, Turn
 from webapp.counseling.tests.helpers import connect, frames_until, turn_texts
 from webapp.learning.models import CandidateGroup
+from webapp.lib.groups import session_group
 from webapp.oversight.models import SafetyFlag
 
 pytestmark = [
@@ -239,7 +240,7 @@ async def test_a_crisis_on_another_server_stops_the_reply_written_here(held_mode
     await frames_until(comm, WRITING)
     await asyncio.wait_for(held_model.started.wait(), 10)
     await get_channel_layer().group_send(
-        turns.session_group(session.pk), {"type": "chat.supersede", "before_seq": 1}
+        session_group(session.pk), {"type": "chat.supersede", "before_seq": 1}
     )
     cleared = await frames_until(comm, r'<div id="pending" hx-swap-oob="innerHTML"></div>')
     assert not any("turn-counselor" in f for f in cleared)

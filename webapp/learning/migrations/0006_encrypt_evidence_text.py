@@ -3,7 +3,7 @@ to plaintext JSON on reverse, before 0005 turns the columns back into jsonb)."""
 
 from django.db import migrations
 
-import webapp.crypto
+import webapp.lib.crypto
 
 COLUMNS = [
     ("learning_candidategroup", "prompt"),
@@ -15,12 +15,12 @@ COLUMNS = [
 
 def encrypt_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
     for table, column in COLUMNS:
-        webapp.crypto.rotate_table(schema_editor.connection, table, column, encrypt_plaintext=True)
+        webapp.lib.crypto.rotate_table(schema_editor.connection, table, column, encrypt_plaintext=True)
 
 
 def decrypt_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
     for table, column in COLUMNS:
-        webapp.crypto.decrypt_table(schema_editor.connection, table, column)
+        webapp.lib.crypto.decrypt_table(schema_editor.connection, table, column)
 
 
 class Migration(migrations.Migration):

@@ -43,6 +43,14 @@ def test_lipo_round_now_runs_in_the_foreground_and_its_operator_cannot_approve(l
     assert any(line.startswith(f"{run.pk} ") and "succeeded" in line for line in lines)
 
 
+def test_lipo_round_now_runs_the_trainers_entry_point_named_in_settings(settings):  # type: ignore[no-untyped-def]
+    from django.utils.module_loading import import_string
+
+    from training_worker.round import run_round
+
+    assert import_string(settings.PSYEVO_FOREGROUND_ROUND) is run_round
+
+
 def test_lipo_round_without_now_queues_on_commit(lipo_settings, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
     import redis
     from django.conf import settings

@@ -20,7 +20,7 @@ from webapp.learning.tests.helpers import (
     make_version,
     write_adapter_files,
 )
-from webapp.oversight import erasure
+from webapp.oversight.data_rights import erasure
 from webapp.oversight.models import AuditEvent
 
 pytestmark = pytest.mark.django_db

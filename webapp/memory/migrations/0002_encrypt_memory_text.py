@@ -1,4 +1,4 @@
-"""Memory text is encrypted at rest (webapp/crypto.py): encrypt the rows stored before.
+"""Memory text is encrypted at rest (webapp/lib/crypto.py): encrypt the rows stored before.
 
 The old CHECK (text <> '') cannot hold on ciphertext (never empty); MemoryItem.save()
 refuses empty text instead, and 0003 makes the database refuse plaintext.
@@ -6,17 +6,17 @@ refuses empty text instead, and 0003 makes the database refuse plaintext.
 
 from django.db import migrations
 
-import webapp.crypto
+import webapp.lib.crypto
 
 
 def encrypt_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    webapp.crypto.rotate_table(
+    webapp.lib.crypto.rotate_table(
         schema_editor.connection, "memory_memoryitem", "text", encrypt_plaintext=True
     )
 
 
 def decrypt_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    webapp.crypto.decrypt_table(schema_editor.connection, "memory_memoryitem", "text")
+    webapp.lib.crypto.decrypt_table(schema_editor.connection, "memory_memoryitem", "text")
 
 
 class Migration(migrations.Migration):
@@ -26,7 +26,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="memoryitem",
             name="text",
-            field=webapp.crypto.EncryptedTextField(),
+            field=webapp.lib.crypto.EncryptedTextField(),
         ),
         migrations.RunPython(encrypt_existing, decrypt_existing),
     ]

@@ -34,7 +34,7 @@ def quiet(monkeypatch):  # type: ignore[no-untyped-def]
     """No live pushes or queued tasks (no worker runs here)."""
     monkeypatch.setattr(alerts, "notify_user", lambda *a: None)
     monkeypatch.setattr(alerts, "_queue_delivery", lambda: None)
-    monkeypatch.setattr(tasks.escalate_flag, "apply_async", lambda **kw: None)
+    monkeypatch.setattr(alerts, "queue_check", lambda *a, **kw: None)
 
 
 def _alert(*, email: str = "dr.ames@clinic.example") -> AlertOutbox:
@@ -168,3 +168,8 @@ def test_waits_grow_and_stop_growing_at_an_hour() -> None:
     assert waits[:3] == [30.0, 60.0, 120.0]
     assert waits == sorted(waits) and max(waits) == 3600.0
     assert timedelta(seconds=sum(waits[: tasks.MAX_ATTEMPTS - 1])) < timedelta(hours=1)
+
+
+def test_alerts_queue_the_tasks_by_their_registered_names() -> None:
+    assert tasks.deliver_alerts.name == alerts.DELIVER_TASK
+    assert tasks.escalate_flag.name == alerts.ESCALATE_TASK

@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from webapp.accounts.tests.factories import AdminFactory, ClinicianFactory, UserFactory
-from webapp.oversight import audit
+from webapp.lib import audit
 from webapp.oversight.models import AuditEvent
 from webapp.oversight.tests.helpers import client_profile
 

@@ -134,7 +134,7 @@ def test_a_clinician_a_flag_was_escalated_to_may_review_and_acknowledge_it(clien
     assert "Escalated to you" in dashboard and profile.user.username in dashboard
     page = client.get(reverse("session_review", args=[session.pk])).content.decode()
     assert "escalated to you" in page
-    # The covering clinician can step into the open flagged session (oversight.access).
+    # The covering clinician can step into the open flagged session (webapp.lib.access).
     assert f'href="{reverse("live_session", args=[session.pk])}"' in page
     # Only the flagged session: the client's other pages stay closed.
     assert client.get(reverse("clinician_client", args=[profile.user_id])).status_code == 404

@@ -19,9 +19,10 @@ from webapp.learning.models import (
     SkillDecision,
     TrainingRun,
 )
+from webapp.lib import audit
 from webapp.memory import services as memory_services
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit, erasure
+from webapp.oversight.data_rights import erasure
 from webapp.oversight.models import AlertOutbox, AuditEvent, ClientControl, SafetyFlag
 from webapp.oversight.tests.helpers import client_profile, make_session
 

@@ -10,7 +10,7 @@ from django.contrib.contenttypes.models import ContentType
 
 from webapp.accounts.models import ClientProfile, ConsentRecord, User
 from webapp.accounts.tests.factories import AdminFactory, ClientProfileFactory, UserFactory
-from webapp.oversight import erasure
+from webapp.oversight.data_rights import erasure
 
 pytestmark = pytest.mark.django_db
 

@@ -29,8 +29,14 @@ def pushed(monkeypatch):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def scheduled(monkeypatch):  # type: ignore[no-untyped-def]
+    """Escalation checks queued by task name, recorded instead of sent."""
     calls: list[dict] = []
-    monkeypatch.setattr(tasks.escalate_flag, "apply_async", lambda **kw: calls.append(kw))
+
+    def send_task(name, **kw):  # type: ignore[no-untyped-def]
+        assert name == tasks.escalate_flag.name
+        calls.append(kw)
+
+    monkeypatch.setattr(alerts.current_app, "send_task", send_task)
     return calls
 
 

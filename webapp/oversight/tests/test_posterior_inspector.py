@@ -12,7 +12,8 @@ from django.urls import reverse
 from counselor_engine.skills import PriorTable
 from webapp.accounts.tests.factories import AdminFactory
 from webapp.learning.models import PosteriorCell
-from webapp.oversight import plots, posteriors
+from webapp.lib import plots
+from webapp.oversight import posteriors
 from webapp.oversight.models import AuditEvent
 from webapp.oversight.tests.helpers import SLOT, client_profile, make_session
 

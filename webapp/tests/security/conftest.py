@@ -42,8 +42,8 @@ from webapp.counseling.models import Session, Turn
 from webapp.counseling.tests.helpers import end_refused
 from webapp.learning.models import AdapterVersion, TrainingRun
 from webapp.learning.tests.helpers import make_version, write_adapter_files
+from webapp.lib import audit
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit
 from webapp.oversight.models import AuditEvent, SafetyFlag
 from webapp.oversight.tests.helpers import make_session
 

@@ -1,6 +1,6 @@
 """The authorization matrix as data: who may reach what, over which transport.
 
-Written from the product rules (README "What each role can do", DESIGN "Who uses it"),
+Written from the product rules (README "What each role can do", docs/architecture.md "Who uses it"),
 not read off the code, so the tests check the code against the rules:
 
 - A client reaches their own transcripts, memory, data export and chat socket, nothing

@@ -20,12 +20,12 @@ from webapp.accounts.forms import ConsentForm, LoginForm, TokenForm
 from webapp.accounts.models import ConsentPurpose
 from webapp.counseling.forms import ITEMS, RatingForm
 from webapp.counseling.services import rating_from
+from webapp.lib.forms import MemoryCorrectionForm
 from webapp.memory.models import MemoryItem
 from webapp.oversight.forms import (
     AuditFilterForm,
     CheckpointForm,
     EraseForm,
-    MemoryCorrectionForm,
     PopulationForm,
     SkillControlForm,
 )

@@ -1,6 +1,6 @@
 """Re-encrypt every encrypted column under the first key of PSYEVO_ENCRYPTION_KEYS.
 
-The columns are found by :func:`webapp.crypto.encrypted_fields` (text and JSON alike), so a
+The columns are found by :func:`webapp.lib.crypto.encrypted_fields` (text and JSON alike), so a
 new encrypted field is rotated without a change here.
 
 Rotation, step by step (README, Security):
@@ -17,8 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from webapp import crypto
-from webapp.oversight import audit
+from webapp.lib import audit, crypto
 
 log = logging.getLogger("psyevo.security")
 

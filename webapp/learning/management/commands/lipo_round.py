@@ -1,10 +1,13 @@
 """``manage.py lipo_round``: queue a LiPO round, or run one now in the foreground.
 
 ``--now`` runs the round in this process (a progress bar on stderr) instead of on the
-Celery ``training`` queue. ``--started-by USERNAME`` is required: it records the operator
-(an active clinician or admin), who then cannot approve the version the round produces;
-without it a clinician could start a round anonymously and approve its output, and
-separation of duties would be gone. Expired evidence leases are released first.
+Celery ``training`` queue, through the trainer's entry point that
+``settings.PSYEVO_FOREGROUND_ROUND`` names: the web side never imports ``training_worker``,
+it names the trainer's code as it names the Celery task. ``--started-by USERNAME`` is
+required: it records the operator (an active clinician or admin), who then cannot approve
+the version the round produces; without it a clinician could start a round anonymously
+and approve its output, and separation of duties would be gone. Expired evidence leases
+are released first.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from django.utils.module_loading import import_string
 
 from webapp.accounts.models import Role, User
 from webapp.learning.models import AdapterVersion, TrainingRun
@@ -65,11 +69,9 @@ class Command(BaseCommand):
             raise CommandError(f"round {run.pk} failed: {run.error}")
 
     def _run_now(self, run_id: int) -> str:
-        from tqdm import tqdm
+        from tqdm import tqdm  # the progress bar: only for a foreground round
 
-        # The operator command is the one web-side module that runs the worker's code in
-        # process, on purpose; the web server itself never imports training_worker.
-        from training_worker.round import run_round
+        run_round = import_string(settings.PSYEVO_FOREGROUND_ROUND)
 
         total = settings.LIPO.steps + 4  # claim, reference, steps..., save, validate
         with tqdm(

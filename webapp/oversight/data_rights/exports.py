@@ -19,7 +19,7 @@ from webapp.accounts.models import ClientProfile, User
 from webapp.counseling.models import Session
 from webapp.learning.models import CandidateGroup, PosteriorCell, PosteriorUpdate
 from webapp.memory.models import MemoryItem
-from webapp.oversight.erasure import used_by_approved_adapters
+from webapp.oversight.data_rights.erasure import used_by_approved_adapters
 from webapp.oversight.models import AuditEvent, ClientControl, SafetyFlag
 
 FORMAT = "psyevo.client-export/1"

@@ -46,9 +46,10 @@ from webapp.learning.models import (
     PosteriorUpdate,
     TrainingRun,
 )
-from webapp.learning.services import lock_scope, return_evidence
+from webapp.learning.schedule import lock_scope
+from webapp.learning.services import return_evidence
+from webapp.lib import audit
 from webapp.memory.models import MemoryItem
-from webapp.oversight import audit
 from webapp.oversight.models import AuditEvent, ClientControl, SafetyFlag
 
 APPROVED = (

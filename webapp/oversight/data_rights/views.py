@@ -8,9 +8,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from webapp.accounts.access import role_required
 from webapp.accounts.models import Role
-from webapp.oversight import audit, exports
+from webapp.lib import audit
+from webapp.lib.access import role_required
+from webapp.oversight.data_rights import exports
 
 
 @role_required(Role.CLIENT)

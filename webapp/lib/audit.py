@@ -1,4 +1,5 @@
-"""One call to write an audit event, so every app records actions the same way."""
+"""One call to write an audit event, so every app records actions the same way (reading
+and filtering them: ``webapp.oversight.audit_query``)."""
 
 from __future__ import annotations
 

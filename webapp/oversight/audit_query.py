@@ -1,4 +1,5 @@
-"""Reading the audit log: filters shared by the admin page and its CSV export."""
+"""Reading the audit log (the write side is ``webapp.lib.audit``): filters shared by the
+admin page and its CSV export."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Websocket sessions benchmark: many concurrent chat sockets on the real stack vs the bare engine.
 
 Run: ``.venv/bin/python -m bench.bench_ws [--sockets 200] [--messages 5] [--max-seconds 900]``
-with DATABASE_URL / REDIS_URL set (``eval "$(.venv/bin/python scripts/services.py up)"``).
+with DATABASE_URL / REDIS_URL set (``eval "$(.venv/bin/python scripts/datastores.py up)"``).
 
 Web run. Daphne (a subprocess, loopback only) serves the tiny in-code model from a
 dedicated database, ``psyevo_bench`` on the DATABASE_URL server (created if missing,

@@ -1,6 +1,6 @@
 """Regenerate ``docs/reliability.md``: every figure in it comes from a command run now.
 
-Run (PostgreSQL and Redis as for the tests; ``bin/up`` or ``scripts/services.py up``):
+Run (PostgreSQL and Redis as for the tests; ``bin/up`` or ``scripts/datastores.py up``):
 
     .venv/bin/python -m bench.reliability [--soak-minutes 3] [--soak-sessions 20]
 

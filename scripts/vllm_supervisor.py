@@ -46,10 +46,10 @@ import urllib.request
 from pathlib import Path
 
 # bin/vllm runs this file as a script, from .venv-vllm: the repository root is put on the
-# path so the one stdlib-only process helper of scripts/services.py serves both.
+# path so the one stdlib-only process helper, counselor_engine/procs.py, serves here too.
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from scripts.services import pid_alive  # noqa: E402
+from counselor_engine.procs import pid_alive  # noqa: E402
 
 DATA_DIR = Path(os.environ.get("PSYEVO_DATA_DIR", ROOT / "var"))
 DEFAULT_MODEL_PATH = DATA_DIR / "models" / "smollm2-135m-instruct"

@@ -89,7 +89,7 @@ def test_web_direction(source: str, target: str, allowed: bool) -> None:
         ("counselor_engine.judge", "webapp.lib.audit"),
         ("counselor_engine.judge", "training_worker.round"),
         ("webapp.learning.management.commands.lipo_round", "training_worker.round"),
-        ("webapp.learning.services", "scripts.services"),
+        ("webapp.learning.services", "scripts.datastores"),
     ],
 )
 def test_package_directions(source: str, target: str) -> None:

@@ -47,6 +47,7 @@ from counselor_engine.backends.adapter_files import (
     files_digest,
     read_adapter_files,
 )
+from counselor_engine.procs import pid_alive
 from webapp.accounts.models import Role, User
 from webapp.counseling.models import Session
 from webapp.learning import schedule
@@ -200,18 +201,8 @@ def _remove_dead_private_roots(parent: Path) -> None:
                 owned = folder.lstat().st_uid == os.getuid() and folder.is_dir()
             except (ValueError, OSError):
                 continue
-            if owned and not folder.is_symlink() and not _pid_alive(pid):
+            if owned and not folder.is_symlink() and not pid_alive(pid):
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def prune_snapshots(*, keep: str = "") -> list[str]:

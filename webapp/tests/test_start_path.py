@@ -11,7 +11,7 @@ clinic would point it at its own model folder). Then, as a newcomer would:
 2. log in as a demo client, who is taken to "My choices" with the reason, agree to
    counseling, start a session and get a counselor reply over the real websocket;
 3. press Ctrl-C (SIGTERM to ``bin/up``): every process it started is gone, and the embedded
-   services stop with ``scripts/services.py down``.
+   services stop with ``scripts/datastores.py down``.
 
 The ``bin/up`` of before this test (a Procfile naming bare ``daphne`` and ``celery``, found
 only on an activated venv's PATH) fails step 1: every process dies with "not found".
@@ -137,9 +137,9 @@ def embedded_pids(data_dir: Path) -> list[int]:
 
 
 def services(data_dir: Path, action: str) -> subprocess.CompletedProcess[str]:
-    """``scripts/services.py up|down`` for this data folder (``up`` finds what runs)."""
+    """``scripts/datastores.py up|down`` for this data folder (``up`` finds what runs)."""
     return subprocess.run(
-        [str(ROOT / ".venv/bin/python"), "scripts/services.py", action],
+        [str(ROOT / ".venv/bin/python"), "scripts/datastores.py", action],
         cwd=ROOT,
         env={"PATH": CLEAN_PATH, "PSYEVO_DATA_DIR": str(data_dir)},
         capture_output=True,

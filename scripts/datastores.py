@@ -25,6 +25,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script (bin/up, bin/test) before any environment is active: the repository root
+# goes on the path for the one stdlib-only process helper.
+sys.path.insert(0, str(ROOT))
+from counselor_engine.procs import pid_alive  # noqa: E402
+
 VAR = Path(os.environ.get("PSYEVO_DATA_DIR", ROOT / "var"))
 PGDATA = VAR / "pg"
 REDIS_DIR = VAR / "redis"
@@ -34,7 +39,7 @@ DB_NAME = "psyevo"
 
 
 def log(message: str) -> None:
-    print(f"services: {message}", file=sys.stderr, flush=True)
+    print(f"datastores: {message}", file=sys.stderr, flush=True)
 
 
 def free_port() -> int:
@@ -42,15 +47,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- PostgreSQL ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import environ
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from counselor_engine.counselor import CounselorConfig
 from counselor_engine.lipo.config import LipoConfig
 from webapp.lib.env import (
     env_bool,
@@ -308,15 +309,18 @@ USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Product settings ----------------------------------------------------------------------
+# The engine's defaults are written once, in CounselorConfig; settings name only what an
+# operator may change (webapp/counseling/runtime.py maps these back onto the engine).
+_ENGINE = CounselorConfig()
 PSYEVO_BACKEND = env_choice("PSYEVO_BACKEND", "transformers", ("transformers", "vllm"))
 PSYEVO_MODEL_PATH = env_str("PSYEVO_MODEL_PATH", "")
 PSYEVO_VLLM_URL = env_str("PSYEVO_VLLM_URL", "")
 PSYEVO_VLLM_MODEL = env_str("PSYEVO_VLLM_MODEL", "smollm2-135m-instruct")
-PSYEVO_SAFETY_LOCALE = env_str("PSYEVO_SAFETY_LOCALE", "en-US")
-PSYEVO_MODE = env_choice("PSYEVO_MODE", "graph", ("graph", "stream_first"))
-PSYEVO_CANDIDATES = env_int("PSYEVO_CANDIDATES", 5, minimum=1)
+PSYEVO_SAFETY_LOCALE = env_str("PSYEVO_SAFETY_LOCALE", _ENGINE.safety_locale)
+PSYEVO_MODE = env_choice("PSYEVO_MODE", _ENGINE.mode, ("graph", "stream_first"))
+PSYEVO_CANDIDATES = env_int("PSYEVO_CANDIDATES", _ENGINE.n_candidates, minimum=1)
 # Eq. 12: "binary" criterion votes (the paper's z) or "soft" probabilities; see judge.py.
-PSYEVO_JUDGE_VOTES = env_choice("PSYEVO_JUDGE_VOTES", "binary", ("binary", "soft"))
+PSYEVO_JUDGE_VOTES = env_choice("PSYEVO_JUDGE_VOTES", _ENGINE.judge_votes, ("binary", "soft"))
 # How each criterion's vote is obtained: "auto" picks the evaluator measured best for the
 # judge's model (counselor_engine.judge.DEFAULT_EVALUATOR_BY_MODEL; bench/RESULTS.md).
 PSYEVO_JUDGE_EVALUATOR = env_choice(
@@ -333,12 +337,15 @@ PSYEVO_LOOP_STALL_TURNS = env_int("PSYEVO_LOOP_STALL_TURNS", 20, minimum=1)
 PSYEVO_JUDGE_MODEL_PATH = env_str("PSYEVO_JUDGE_MODEL_PATH", "")
 PSYEVO_JUDGE_VLLM_URL = env_str("PSYEVO_JUDGE_VLLM_URL", "")
 PSYEVO_JUDGE_VLLM_MODEL = env_str("PSYEVO_JUDGE_VLLM_MODEL", "")
-PSYEVO_MAX_NEW_TOKENS = env_int("PSYEVO_MAX_NEW_TOKENS", 160, minimum=1)
-PSYEVO_TEMPERATURE = env_float("PSYEVO_TEMPERATURE", 0.9, minimum=0.0)
-PSYEVO_TURN_BUDGET = env_int("PSYEVO_TURN_BUDGET", 12, minimum=1)
+PSYEVO_MAX_NEW_TOKENS = env_int(
+    "PSYEVO_MAX_NEW_TOKENS", _ENGINE.generation.max_new_tokens, minimum=1
+)
+PSYEVO_TEMPERATURE = env_float("PSYEVO_TEMPERATURE", _ENGINE.generation.temperature, minimum=0.0)
+PSYEVO_TURN_BUDGET = env_int("PSYEVO_TURN_BUDGET", _ENGINE.turn_budget, minimum=1)
 PSYEVO_PLANNED_SESSIONS = env_int("PSYEVO_PLANNED_SESSIONS", 8, minimum=1)
-PSYEVO_MAX_MESSAGE_CHARS = env_int("PSYEVO_MAX_MESSAGE_CHARS", 4000, minimum=1)
-# A graph-mode turn judges 240 pair prompts: on 2 CPU cores that can take over a minute.
+PSYEVO_MAX_MESSAGE_CHARS = env_int("PSYEVO_MAX_MESSAGE_CHARS", _ENGINE.max_message_chars, minimum=1)
+# Longer than the engine's 120 s on purpose: a graph-mode turn on 2 CPU cores (SmolLM2, the
+# contrastive judge) takes about 135 s (bench/RESULTS.md, bench_turn).
 PSYEVO_BACKEND_TIMEOUT = env_float("PSYEVO_BACKEND_TIMEOUT", 300.0, minimum=1.0)
 PSYEVO_TORCH_THREADS = env_int("PSYEVO_TORCH_THREADS", 0, minimum=0)  # 0: torch's default
 # The in-process (transformers) model runs in a child process of each server so that its

@@ -8,7 +8,7 @@ Which module of ``webapp`` may import which (no circles, imports inside function
   ``webapp.lib``, any ``models``, and domain modules of apps EARLIER in this order:
   accounts < memory < learning < oversight < counseling (and of their own app).
 - Outer ring (transports and presentation: ``views.py``, ``*_views.py``, ``consumers.py``,
-  ``urls.py``, ``*_urls.py``, ``admin.py``, ``forms.py``, ``templatetags/``,
+  ``urls.py``, ``*_urls.py``, ``admin.py``, ``apps.py``, ``forms.py``, ``templatetags/``,
   ``management/commands/``, ``simlab.py``, ``simreport.py``; simlab is a transport like
   the websocket consumer: it sends messages through ``counseling/turns.py``) may import
   any app's domain modules and ``webapp.lib``, but not another app's outer-ring modules.

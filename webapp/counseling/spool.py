@@ -42,7 +42,10 @@ from webapp.lib import crypto
 
 log = logging.getLogger(__name__)
 FORMAT = 1
-_replaying = threading.Lock()  # one replay per process at a time; others skip
+_replaying = threading.Lock()  # one replay per process at a time
+# A replay asked for while one runs: the running one scans again before it stops, so a
+# record spooled after its scan began is not left waiting for the next write.
+_requested = threading.Event()
 _holding: set[str] = set()  # file names a live task of this process is writing itself
 
 
@@ -134,55 +137,74 @@ def replay() -> int:
     """Write every spooled record this process is not already holding itself, send its
     flag's notifications, and delete it; returns how many were written. Stops at the first
     database error (storage is still down: the rest wait for the next replay). Blocking:
-    run it on a worker thread."""
+    run it on a worker thread.
+
+    Asked for while another replay of this process runs, it returns 0 at once and the
+    running one scans the folder again when it is done (found by a test: a replay started
+    at process start while a write's replay was still sending its notifications skipped,
+    and the record waited for the next write)."""
+    _requested.set()
     if not _replaying.acquire(blocking=False):
         return 0
     written = 0
+    storage_down = False
     try:
-        for name in pending():
-            if name in _holding:
-                continue
-            path = folder() / name
-            try:
-                record = HeldCrisis.from_json(path.read_bytes())
-            except FileNotFoundError:
-                continue  # written and removed by another process meanwhile
-            except (OSError, ValueError, KeyError, TypeError, crypto.DecryptionError):
-                log.critical("unreadable crisis spool record %s: kept as .bad", path)
-                with contextlib.suppress(OSError):
-                    path.rename(path.with_suffix(".bad"))
-                continue
-            try:
-                author = (
-                    User.objects.filter(pk=record.author_id).first()
-                    if record.author_id is not None
-                    else None
-                )
-                safe = services.record_safe_reply(
-                    record.session_id, record.text, author=author,
-                    client_msg_id=record.client_msg_id, assessment=record.assessment,
-                    reply=record.reply,
-                )  # fmt: skip
-            except DatabaseError as exc:
-                log.warning("crisis spool: storage still down: %s", exc)
-                break
-            except services.SessionError as exc:
-                log.critical("crisis spool: %s not written (%s): kept as .failed", name, exc.code)
-                with contextlib.suppress(OSError):
-                    path.rename(path.with_suffix(".failed"))
-                continue
-            log.warning("session %s: spooled crisis written (turn %s)", record.session_id,
-                        safe.message.seq)  # fmt: skip
-            for step in safe.dispatch:  # the flag's pushes and e-mail task
-                try:
-                    step()
-                except Exception:
-                    log.exception("a flag notification step failed (the flag is stored)")
-            release(name)
-            written += 1
+        while _requested.is_set() and not storage_down:
+            _requested.clear()
+            done, storage_down = _replay_once()
+            written += done
     finally:
         _replaying.release()
+    if _requested.is_set() and not storage_down:
+        written += replay()  # asked for between the last scan and the release
     return written
+
+
+def _replay_once() -> tuple[int, bool]:
+    """One scan of the folder: ``(records written, storage is down)``."""
+    written = 0
+    for name in pending():
+        if name in _holding:
+            continue
+        path = folder() / name
+        try:
+            record = HeldCrisis.from_json(path.read_bytes())
+        except FileNotFoundError:
+            continue  # written and removed by another process meanwhile
+        except (OSError, ValueError, KeyError, TypeError, crypto.DecryptionError):
+            log.critical("unreadable crisis spool record %s: kept as .bad", path)
+            with contextlib.suppress(OSError):
+                path.rename(path.with_suffix(".bad"))
+            continue
+        try:
+            author = (
+                User.objects.filter(pk=record.author_id).first()
+                if record.author_id is not None
+                else None
+            )
+            safe = services.record_safe_reply(
+                record.session_id, record.text, author=author,
+                client_msg_id=record.client_msg_id, assessment=record.assessment,
+                reply=record.reply,
+            )  # fmt: skip
+        except DatabaseError as exc:
+            log.warning("crisis spool: storage still down: %s", exc)
+            return written, True
+        except services.SessionError as exc:
+            log.critical("crisis spool: %s not written (%s): kept as .failed", name, exc.code)
+            with contextlib.suppress(OSError):
+                path.rename(path.with_suffix(".failed"))
+            continue
+        log.warning("session %s: spooled crisis written (turn %s)", record.session_id,
+                    safe.message.seq)  # fmt: skip
+        for step in safe.dispatch:  # the flag's pushes and e-mail task
+            try:
+                step()
+            except Exception:
+                log.exception("a flag notification step failed (the flag is stored)")
+        release(name)
+        written += 1
+    return written, False
 
 
 def replay_at_start() -> None:

@@ -120,6 +120,36 @@ def test_a_record_is_stored_once_however_often_it_is_replayed(settings, tmp_path
 
 
 @pytest.mark.django_db
+def test_a_replay_asked_for_while_one_runs_is_not_lost(settings, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """A record spooled after a running replay listed the folder, whose own replay finds
+    that one busy, is written by the running replay before it stops (not at some later
+    write): the request is remembered, not dropped."""
+    from counselor_engine import safety
+
+    settings.CRISIS_SPOOL_DIR = tmp_path / "spool"
+    profile, session = _client()
+    _, other = _client()
+    assessment = safety.assess(CRISIS)
+    first = spool.hold(spool.as_record(session.pk, profile.user, "a", CRISIS, assessment, "r"))
+    spool._holding.discard(first)
+    write = services.record_safe_reply
+    nested: list[int] = []
+
+    def write_then_spool_another(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not nested:  # while the first record is being written, a second one arrives
+            late = spool.as_record(other.pk, other.client, "b", CRISIS, assessment, "r")
+            spool._holding.discard(spool.hold(late))
+            nested.append(spool.replay())  # its own replay: the running one is busy
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(services, "record_safe_reply", write_then_spool_another)
+    assert spool.replay() == 2
+    assert nested == [0]
+    assert spool.pending() == []
+    assert SafetyFlag.objects.filter(session__in=[session, other]).count() == 2
+
+
+@pytest.mark.django_db
 def test_the_spool_keeps_no_client_words_readable_on_disk(settings, tmp_path):  # type: ignore[no-untyped-def]
     """The record is encrypted like turn text in PostgreSQL; a record no key opens (the key
     was removed) is set aside as .bad, never half-written."""

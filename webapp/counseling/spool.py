@@ -28,6 +28,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -148,20 +149,29 @@ def replay() -> int:
         return 0
     written = 0
     storage_down = False
+    notifications: list[Callable[[], None]] = []
     try:
         while _requested.is_set() and not storage_down:
             _requested.clear()
-            done, storage_down = _replay_once()
+            done, storage_down = _replay_once(notifications)
             written += done
     finally:
         _replaying.release()
+    # The flags are stored; their pushes and e-mail tasks run outside the lock, so a slow
+    # channel layer or broker never holds up the next replay.
+    for step in notifications:
+        try:
+            step()
+        except Exception:
+            log.exception("a flag notification step failed (the flag is stored)")
     if _requested.is_set() and not storage_down:
         written += replay()  # asked for between the last scan and the release
     return written
 
 
-def _replay_once() -> tuple[int, bool]:
-    """One scan of the folder: ``(records written, storage is down)``."""
+def _replay_once(notifications: list[Callable[[], None]]) -> tuple[int, bool]:
+    """One scan of the folder: ``(records written, storage is down)``; the written flags'
+    notification steps are appended to ``notifications``."""
     written = 0
     for name in pending():
         if name in _holding:
@@ -197,19 +207,16 @@ def _replay_once() -> tuple[int, bool]:
             continue
         log.warning("session %s: spooled crisis written (turn %s)", record.session_id,
                     safe.message.seq)  # fmt: skip
-        for step in safe.dispatch:  # the flag's pushes and e-mail task
-            try:
-                step()
-            except Exception:
-                log.exception("a flag notification step failed (the flag is stored)")
+        notifications.extend(safe.dispatch)  # the flag's pushes and e-mail task
         release(name)
         written += 1
     return written, False
 
 
-def replay_at_start() -> None:
-    """At process start, on a thread of its own (storage may be down: then the records
-    wait for the next successful write)."""
+def replay_soon() -> None:
+    """Replay on a thread of its own, never on a shared pool: a crisis record must not wait
+    behind notification jobs (storage may still be down: then the records wait for the
+    next successful write)."""
 
     def run() -> None:
         from django.db import connection
@@ -218,11 +225,16 @@ def replay_at_start() -> None:
             if pending():
                 replay()
         except Exception:
-            log.exception("crisis spool: replay at start failed")
+            log.exception("crisis spool: replay failed")
         finally:
             connection.close()
 
     threading.Thread(target=run, name="psyevo-crisis-spool", daemon=True).start()
+
+
+def replay_at_start() -> None:
+    """At process start: crises a previous process held when it died."""
+    replay_soon()
 
 
 def as_record(

@@ -653,9 +653,9 @@ async def _write_when_storage_returns(
 
 def _replay_spool_soon() -> None:
     """After a successful write: crises spooled by a process that died (or by this one,
-    whose task gave up) are written now, off the event loop."""
+    whose task gave up) are written now, off the event loop and off the shared pool."""
     if spool.pending():
-        keep(asyncio.ensure_future(off_shared_thread(spool.replay, NOTIFY_POOL)()))
+        spool.replay_soon()
 
 
 async def _open_turns(session_id: int) -> list[Turn] | None:

@@ -150,6 +150,30 @@ def test_a_replay_asked_for_while_one_runs_is_not_lost(settings, tmp_path, monke
 
 
 @pytest.mark.django_db
+def test_a_replays_notifications_run_after_it_lets_go(settings, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The written flag's pushes and e-mail task run after the replay released its lock:
+    a slow channel layer or broker must not hold up the next crisis replay."""
+    from counselor_engine import safety
+
+    settings.CRISIS_SPOOL_DIR = tmp_path / "spool"
+    profile, session = _client()
+    record = spool.as_record(session.pk, profile.user, "n", CRISIS, safety.assess(CRISIS), "r")
+    spool._holding.discard(spool.hold(record))
+    write = services.record_safe_reply
+    locked_during_step: list[bool] = []
+
+    def with_a_watching_step(*args, **kwargs):  # type: ignore[no-untyped-def]
+        safe = write(*args, **kwargs)
+        safe.dispatch.append(lambda: locked_during_step.append(spool._replaying.locked()))
+        return safe
+
+    monkeypatch.setattr(services, "record_safe_reply", with_a_watching_step)
+    assert spool.replay() == 1
+    assert locked_during_step == [False]
+    assert SafetyFlag.objects.filter(session=session).count() == 1
+
+
+@pytest.mark.django_db
 def test_the_spool_keeps_no_client_words_readable_on_disk(settings, tmp_path):  # type: ignore[no-untyped-def]
     """The record is encrypted like turn text in PostgreSQL; a record no key opens (the key
     was removed) is set aside as .bad, never half-written."""

@@ -70,6 +70,11 @@ class LipoConfig:
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"{name}: expected a sequence of names, got {value!r}")
             object.__setattr__(self, name, tuple(value))  # a list from the env or a test
+        unknown = [m for m in self.modalities if m not in MODALITIES]
+        if unknown or not self.modalities:  # else the first round fails, hours after start
+            raise ValueError(
+                f"modalities: expected names from {', '.join(MODALITIES)}, got {self.modalities!r}"
+            )
         at_least = {
             "sessions_per_round": 1, "batch_edges": 1, "min_groups": 1, "lora_rank": 1,
             "steps": 1, "max_length": 16, "lease_minutes": 1, "max_attempts": 1,

@@ -347,3 +347,39 @@ def test_it_samples_batches_without_loading_torch() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
+
+
+# --- LipoConfig: every LiPO default once, checked ---------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("steps", 0),
+        ("steps", 2.5),
+        ("steps", True),
+        ("max_length", 8),
+        ("beta", -0.1),
+        ("learning_rate", float("nan")),
+        ("min_share", "0.2"),
+        ("loss", "hinge"),
+        ("queue", ""),
+        ("modalities", "cbt"),
+        ("modalities", ("cbt", "dbt")),
+        ("modalities", ()),
+    ],
+)
+def test_lipo_config_refuses_a_bad_value_naming_the_field(field: str, value: object) -> None:
+    from counselor_engine.lipo.config import LipoConfig
+
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        LipoConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_lipo_config_keeps_a_list_as_a_tuple_and_records_itself_as_json() -> None:
+    import json
+
+    from counselor_engine.lipo.config import LipoConfig
+
+    config = LipoConfig(modalities=["cbt", "bt"])  # type: ignore[arg-type]
+    assert config.modalities == ("cbt", "bt")
+    assert config.lora_alpha == 2 * config.lora_rank
+    assert json.loads(json.dumps(config.to_dict()))["modalities"] == ["cbt", "bt"]

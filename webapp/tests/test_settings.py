@@ -55,6 +55,9 @@ def test_it_fails_loudly_on_a_malformed_value() -> None:
         (dict(DEBUG="maybe"), "DEBUG"),
         (dict(DATABASE_URL="mysql://x/y"), "DATABASE_URL"),
         (dict(AXES_FAILURE_LIMIT="many"), "AXES_FAILURE_LIMIT"),
+        (dict(LIPO_STEPS="three"), "LIPO_STEPS"),
+        (dict(LIPO_STEPS="0"), "steps"),  # parsed, then refused by LipoConfig's bounds
+        (dict(LIPO_MODALITIES="cbt,dbt"), "modalities"),  # not a modality of the paper
     ):
         result = manage("check", **env)
         assert result.returncode != 0

@@ -23,8 +23,10 @@ from counselor_engine.backends.base import GenerationParams, Prompt, StreamEvent
 from counselor_engine.backends.process_backend import ProcessBackend
 from counselor_engine.counselor import Counselor, CounselorConfig, default_generation
 from counselor_engine.judge import Judge, default_evaluator, position_bias_for
+from counselor_engine.models import MODEL_DIRNAME, resolve_model_path
 from counselor_engine.seeds import stable_seed
 from counselor_engine.skills import PriorTable
+from webapp.counseling import services
 from webapp.counseling.models import Session
 
 log = logging.getLogger(__name__)
@@ -105,8 +107,6 @@ def _build_backend() -> Backend:
             model=settings.PSYEVO_VLLM_MODEL,
             timeout=float(settings.PSYEVO_BACKEND_TIMEOUT),
         )
-    from counselor_engine.models import resolve_model_path
-
     path = settings.PSYEVO_MODEL_PATH or str(resolve_model_path(progress=log.info))
     threads = settings.PSYEVO_TORCH_THREADS or None
     if settings.PSYEVO_MODEL_PROCESS:
@@ -125,8 +125,6 @@ def _build_backend() -> Backend:
 def _counselor_model_name() -> str:
     if settings.PSYEVO_BACKEND == "vllm":
         return str(settings.PSYEVO_VLLM_MODEL)
-    from counselor_engine.models import MODEL_DIRNAME
-
     return str(settings.PSYEVO_MODEL_PATH or MODEL_DIRNAME)
 
 
@@ -260,8 +258,6 @@ def counselor_for(
     ``seed_key`` makes the turn reproducible: the same session and key give the same
     skill draw and sampling seed. ``overrides`` replaces CounselorConfig fields (the
     simulation lab: its strategy, ablation switches and a run-derived seed)."""
-    from webapp.counseling import services
-
     session = Session.objects.select_related("course", "client", "adapter_version").get(
         pk=session_id
     )

@@ -99,20 +99,27 @@ def hold(record: HeldCrisis) -> str | None:
     the record is then held in memory only)."""
     base = folder()
     name = f"{time.time_ns()}-{secrets.token_hex(6)}.json"
+    partial = base / f"{name}.part"  # not listed by pending() until it is whole
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(base / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         try:
             os.write(fd, record.to_json())
             os.fsync(fd)
         finally:
             os.close(fd)
+        # Claimed before it becomes visible: a replay of this process leaves it to the
+        # holding task, and no replay can read it half-written (and set it aside as .bad).
+        _holding.add(name)
+        os.rename(partial, base / name)
         _fsync_folder(base)
     except OSError:
+        _holding.discard(name)
+        with contextlib.suppress(OSError):
+            partial.unlink()
         log.critical("session %s: held crisis not spooled to %s", record.session_id, base,
                      exc_info=True)  # fmt: skip
         return None
-    _holding.add(name)
     return name
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import sys
+import threading
+import traceback
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -21,6 +24,22 @@ from webapp.counseling.models import Turn
 from webapp.oversight.models import AlertOutbox, SafetyFlag
 
 CRISIS = "honestly I am done, I have the pills counted out and I am taking them tonight"
+
+
+def _spool_state() -> str:
+    """What a timed-out replay test needs to be diagnosed: the folder, the lock, and the
+    stacks of the spool's threads."""
+    frames = sys._current_frames()
+    stacks = [
+        f"{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+        for t in threading.enumerate()
+        if t.ident in frames and ("spool" in t.name or "notify" in t.name)
+    ]
+    return (
+        f"timed out: pending={spool.pending()} locked={spool._replaying.locked()} "
+        f"requested={spool._requested.is_set()} threads={[t.name for t in threading.enumerate()]}\n"
+        + "\n".join(stacks)
+    )
 
 
 def _client():  # type: ignore[no-untyped-def]
@@ -85,7 +104,10 @@ async def test_a_crisis_held_when_the_process_dies_is_written_later(  # type: ig
     else:
         spool.replay_at_start()
 
-    flag = await _eventually(SafetyFlag.objects.filter(session=session).first)
+    try:
+        flag = await _eventually(SafetyFlag.objects.filter(session=session).first)
+    except AssertionError:
+        raise AssertionError(_spool_state()) from None
     assert flag.level == "crisis"
     assert await sync_to_async(AlertOutbox.objects.filter(flag=flag).exists)()
     rows = await sync_to_async(list)(

@@ -318,7 +318,7 @@ def shared_only_decision(
     on Q, the state and the exploration only. No residual is drawn, so ``rng`` gives one
     uniform per turn."""
     skills = list(valid_skills)
-    q = [float(shared_table[s]) for s in skills]
+    q = _shared_values(shared_table, skills)  # the same read and checks as decide()
     if pinned is None:
         probs = [float(p) for p in skill_probabilities(q, [0.0] * len(q), tau=tau, epsilon=epsilon)]
         chosen = skills[_sample_index(probs, rng.random())]

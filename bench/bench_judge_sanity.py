@@ -160,7 +160,7 @@ def position_bias(triples: list[Triple], cache: Cache) -> dict[str, float]:
     for t in triples:
         for k, pa in enumerate(cache.data["ab"][_key(t)]):
             values[ids[k % len(ids)]].append(pa)
-    return {c: statistics.fmean(v) for c, v in values.items()}
+    return {c: statistics.fmean(v) for c, v in values.items() if v}
 
 
 def _pct(x: float) -> str:
@@ -204,15 +204,27 @@ async def main() -> None:
     parser.add_argument(
         "--ab-dev-contexts", type=int, default=6, help="dev contexts the A/B bias is read on"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the model's arithmetic (bfloat16: the faster judge issue 23 measured; its "
+        "readings are cached and reported apart)",
+    )
     args = parser.parse_args()
+    import torch
+
     from counselor_engine.backends.transformers_backend import TransformersBackend
     from counselor_engine.models import resolve_model_path
 
     path = Path(args.model) if args.model else resolve_model_path()
-    model = path.name
-    backend = TransformersBackend(model_path=str(path), num_threads=args.threads or None)
+    model = path.name if args.dtype == "float32" else f"{path.name}, {args.dtype}"
+    backend = TransformersBackend(
+        model_path=str(path), num_threads=args.threads or None, dtype=getattr(torch, args.dtype)
+    )
+    stem = path.name if args.dtype == "float32" else f"{path.name}-{args.dtype}"
     cache = Cache(
-        Path(os.environ.get("PSYEVO_DATA_DIR", "var")) / "bench" / f"judge_sanity_{model}.json"
+        Path(os.environ.get("PSYEVO_DATA_DIR", "var")) / "bench" / f"judge_sanity_{stem}.json"
     )
     test, dev = load_sanity_set(SANITY, "test"), load_sanity_set(SANITY, "dev")
     seconds = {"ab": 0.0, "contrastive": 0.0}
@@ -250,22 +262,36 @@ async def main() -> None:
         "contrastive": score(contrastive_groups(c_dev, cache), weights),
     }
     if args.write_bias:
+        if args.dtype != "float32" or len(bias) != len(weights):
+            parser.error("--write-bias needs float32 A/B readings on every criterion")
         stored = json.loads(BIAS_FILE.read_text()) if BIAS_FILE.exists() else {}
         stored[model] = {c: round(b, 6) for c, b in bias.items()}
         BIAS_FILE.write_text(json.dumps(stored, indent=2) + "\n")
     all_pa = [p for v in cache.data["ab"].values() for p in v]
+    if not all_pa:  # e.g. a bfloat16 run: only the contrastive evaluator was read
+        results = {"contrastive": results["contrastive"]}
+        dev_results = {"contrastive": dev_results["contrastive"]}
     body = (
         f"Sanity set: {len(test)} test triples ({len(test) // 5} contexts x 5 kinds of worse "
-        f"reply), {len(dev)} dev triples. The A/B readings cost about 40 s a triple on this "
-        f"shared CPU, so they were taken on {len(ab_test)} test triples (the first "
-        f"{len(ab_test) // 5} contexts, all five kinds each) and {len(ab_dev)} dev triples "
-        f"(the position bias is measured on those only); the contrastive evaluator on "
-        f"{len(c_test)} test and {len(c_dev)} dev triples. Model "
+        f"reply), {len(dev)} dev triples. "
+        + (
+            f"The A/B readings cost about 40 s a triple on this shared CPU, so they were taken "
+            f"on {len(ab_test)} test triples (the first {len(ab_test) // 5} contexts, all five "
+            f"kinds each) and {len(ab_dev)} dev triples (the position bias is measured on "
+            "those only); the contrastive evaluator on "
+            if all_pa
+            else "Readings of the contrastive evaluator alone, on "
+        )
+        + f"{len(c_test)} test and {len(c_dev)} dev triples. Model "
         f"`{model}`. Coverage = share of triples with an order-consistent edge at the 0.1 floor; "
         "accuracy = share of edges pointing to the better reply (per criterion: both orders' "
-        "votes agree). Readings: mean P(A) over all A/B readings "
-        f"{statistics.fmean(all_pa):.3f}; dev-measured bias per criterion "
-        + ", ".join(f"{c} {b:.3f}" for c, b in bias.items())
+        "votes agree). "
+        + (
+            f"Readings: mean P(A) over all A/B readings {statistics.fmean(all_pa):.3f}; "
+            "dev-measured bias per criterion " + ", ".join(f"{c} {b:.3f}" for c, b in bias.items())
+            if all_pa
+            else "No A/B readings were taken with this model"
+        )
         + ".\n\n"
         + table(results)
         + "\n\nDev split, overall: "

@@ -1,6 +1,6 @@
 """A judged turn before and after shared-prefix sequence scoring (issue 23), in one run.
 
-Run: ``.venv/bin/python -m bench.bench_turn [--model smollm2|tiny] [--tokens 160] [--reps 2]``.
+Run: ``.venv/bin/python -m bench.bench_turn [--model smollm2|tiny] [--tokens 160] [--reps 3]``.
 
 Arms, interleaved and alternating which goes first, on one backend (so one model in
 memory and the same machine load for both):
@@ -320,7 +320,7 @@ def main() -> None:
     parser.add_argument("--model", choices=("auto", "smollm2", "tiny"), default="auto")
     parser.add_argument("--n", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=160)
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
         "--evaluator", default="contrastive", help="the judge's (SmolLM2's default: contrastive)"
     )

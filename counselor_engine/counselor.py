@@ -498,6 +498,11 @@ class Counselor:
                 if self.config.report_progress:
                     yield ProgressEvent("drafting", len(candidates), n)
             candidates = [strip_control(c) for c in candidates]
+            if self.config.mode != "stream_first":
+                # Delivered whole: never a sentence the token limit cut off, and the judge
+                # and training see the text the client would. (stream_first has shown
+                # candidate 0 as it was written; its record keeps what was shown.)
+                candidates = [output_guard.without_unfinished_tail(c) for c in candidates]
             if len(candidates) != n:
                 raise BackendError(f"backend returned {len(candidates)} candidates, expected {n}")
             verdicts = output_guard.check_all(candidates, context)

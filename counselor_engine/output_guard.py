@@ -204,6 +204,30 @@ def sentences(text: str) -> list[str]:
     return [s for s in out if s]
 
 
+# A sentence that is finished: an end mark, perhaps closing quotes or brackets, perhaps
+# white space; or a line that ended (a list item, a heading).
+_FINISHED = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s*$|\n\s*$")
+
+
+def without_unfinished_tail(text: str) -> str:
+    """``text`` cut back to its last whole sentence when it stops in the middle of one.
+
+    A reply that reaches the token limit stops wherever the limit fell ("... and to help
+    you find"); shown as is, it reads as broken. The papers are silent; our choice: when
+    the last sentence has no end mark (``.``, ``!``, ``?``, an ellipsis, then perhaps
+    closing quotes or brackets) and did not end its line, and an earlier sentence is
+    whole, that last sentence is dropped. A reply of one unfinished sentence is kept whole
+    (an unfinished reply beats none). The rule reads the text alone, not why generation
+    stopped, so it is the same on every backend; a reply that ends on purpose without an
+    end mark after a whole sentence ("... Take care") loses its last words too, the cost
+    we accept for never showing a cut-off sentence.
+    """
+    parts = sentences(text)
+    if len(parts) < 2 or _FINISHED.search(parts[-1]):
+        return text
+    return "".join(parts[:-1]).rstrip(" \t")  # a line end stays: it ends the sentence
+
+
 def _word_list(text: str) -> list[str]:
     return _WORD.findall(normalise(text))
 

@@ -34,4 +34,3 @@ class SafetyAssessment:
     def needs_flag(self) -> bool:
         """True at concern and crisis: the clinician sees this turn."""
         return self.level != "none"
-

@@ -274,9 +274,7 @@ def level_for(risk: float, crisis: float, thresholds: Mapping[str, float]) -> st
 Reader = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
 
 
-def read_one(
-    read: Reader, norm: str, thresholds: Mapping[str, float]
-) -> tuple[str, float, float]:
+def read_one(read: Reader, norm: str, thresholds: Mapping[str, float]) -> tuple[str, float, float]:
     """(level, P(risk), P(crisis)) of one normalised text from a reader's ``read``
     (probabilities and where the plain-chat gate silences it): "none" where silenced."""
     probabilities, silenced = read([norm])

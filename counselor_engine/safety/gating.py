@@ -59,4 +59,3 @@ def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
 
 def may_match(needles: frozenset[str] | None, text: str) -> bool:
     return needles is None or any(map(text.__contains__, needles))
-

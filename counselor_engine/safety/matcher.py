@@ -236,5 +236,3 @@ def rules_assess(text: str, *, gate: bool = True) -> SafetyAssessment:
         order = list(categories)
         categories.sort(key=lambda c: (c not in top, order.index(c)))
     return SafetyAssessment(level, tuple(categories), tuple(matched), tuple(reasons))
-
-

@@ -206,5 +206,3 @@ def reassurance_only(norm: str) -> bool:
         return False
     rest = [w for w in re.findall(r"[a-z]+", _REASSURANCE.sub(" ", norm)) if w not in _FILLER]
     return len(rest) <= 3
-
-

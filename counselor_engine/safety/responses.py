@@ -10,6 +10,7 @@ from pathlib import Path
 RESOURCES_PATH = Path(__file__).resolve().parents[1] / "data" / "safety" / "resources.json"
 DEFAULT_LOCALE = "en-US"
 
+
 @cache
 def _resources() -> dict[str, dict[str, object]]:
     data = json.loads(RESOURCES_PATH.read_text(encoding="utf-8"))
@@ -54,5 +55,3 @@ _GUIDANCE = (
 def concern_guidance(locale: str = DEFAULT_LOCALE) -> str:
     """System-prompt addition at ``concern`` level: the model replies, but checks safety."""
     return _GUIDANCE.format(short=str(_locale_entry(locale)["short"]))
-
-

@@ -221,4 +221,3 @@ def normalise(text: str) -> str:
     t = "".join(parts)
     t = _gated_subs(_PHRASES, t)
     return _WS.sub(" ", t).strip()
-

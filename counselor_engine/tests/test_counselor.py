@@ -306,7 +306,9 @@ class PromptReadingBackend(FakeBackend):
     scripted rows of FakeBackend follow call order, which chunking changes)."""
 
     def __init__(self, fail_on_call: int | None = None) -> None:
-        super().__init__(responder=lambda _prompt, i: ["a short reply", "a kinder reply", "more"][i])
+        super().__init__(
+            responder=lambda _prompt, i: ["a short reply", "a kinder reply", "more"][i]
+        )
         self.fail_on_call = fail_on_call
 
     async def choice_probabilities(self, prompts, choices, *, adapter=None):  # type: ignore[no-untyped-def]

@@ -180,3 +180,18 @@ def test_an_edge_over_a_rejected_candidate_lends_no_depth() -> None:
 def test_selection_needs_an_admitted_candidate() -> None:
     with pytest.raises(ValueError, match="admitted"):
         soca.select_delivered(2, [], [0.0, 0.0], admitted=[False, False])
+
+
+async def test_a_candidate_cut_off_by_the_token_limit_is_delivered_to_its_last_sentence() -> None:
+    cut = "That sounds really hard. What happened this week? I am here to help you find"
+    backend = FakeBackend().script_texts(cut, cut, cut)
+    events, done = await _turn(backend)
+    assert done.reply == GOOD == _shown(events)
+    assert done.group is not None and done.group.candidates == [GOOD] * 3
+
+
+async def test_stream_first_keeps_the_tail_it_already_showed() -> None:
+    cut = "That sounds really hard. What happened this week? I am here to help you find"
+    backend = FakeBackend().script_texts(cut, cut, cut)
+    events, done = await _turn(backend, mode="stream_first")
+    assert done.reply == cut == _shown(events)

@@ -183,3 +183,38 @@ def test_the_gate_and_the_whole_reply_check_agree(parts: list[str], size: int) -
     verdict = guard.check(text)
     assert (gate.failed is None) == verdict.admitted
     assert out == (text if verdict.admitted else out) and text.startswith(out)
+
+
+# -- a reply cut off by the token limit ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (
+            "That sounds hard. What helps? I am here to help you find",
+            "That sounds hard. What helps?",
+        ),
+        (
+            'You said "enough." Tell me more (if you like).',
+            'You said "enough." Tell me more (if you like).',
+        ),
+        ("Some ideas:\n- walk daily\n- sleep ea", "Some ideas:\n- walk daily\n"),
+        ("Some ideas:\n- walk daily\n", "Some ideas:\n- walk daily\n"),
+        ("I wonder\u2026", "I wonder\u2026"),
+        ("Dr. Lee would say you are trying", "Dr. Lee would say you are trying"),
+        ("a single sentence the limit cut", "a single sentence the limit cut"),
+        ("", ""),
+    ],
+)
+def test_an_unfinished_last_sentence_is_dropped_when_a_whole_one_precedes(
+    text: str, shown: str
+) -> None:
+    assert guard.without_unfinished_tail(text) == shown
+
+
+@given(st.text(alphabet=st.sampled_from(list("ab .!?\n\"')")), max_size=60))
+def test_cutting_the_tail_keeps_a_prefix_and_is_stable(text: str) -> None:
+    out = guard.without_unfinished_tail(text)
+    assert text.startswith(out)
+    assert guard.without_unfinished_tail(out) == out
+    if out != text:  # something was cut: what is left ends with a finished sentence
+        assert guard.without_unfinished_tail(out + " and more") == out

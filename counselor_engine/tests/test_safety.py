@@ -130,7 +130,9 @@ def test_it_reports_the_held_out_split_separately(capsys: pytest.CaptureFixture[
 
 def test_it_gives_the_same_answer_with_and_without_rule_gating() -> None:
     for row in ROWS:
-        assert safety.rules_assess(row["text"], gate=True) == safety.rules_assess(row["text"], gate=False)
+        assert safety.rules_assess(row["text"], gate=True) == safety.rules_assess(
+            row["text"], gate=False
+        )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -252,9 +254,7 @@ def test_a_negation_said_of_someone_else_leaves_the_model_free(text: str, own: b
 def test_the_model_reads_a_threat_hidden_behind_someone_elses_negation() -> None:
     text = "my stepdad won't be hurting anyone after tonight. i've got my uncle's shotgun"
     assert safety.rules_assess(text).level == "none"
-    registry.set_model_for_tests(
-        crisis_model.CrisisModel.load(crisis_model.artifact_path("hash"))
-    )
+    registry.set_model_for_tests(crisis_model.CrisisModel.load(crisis_model.artifact_path("hash")))
     try:
         assert safety.assess(text).level == "crisis"
     finally:

@@ -331,9 +331,7 @@ def test_it_reports_held_out_figures_per_split() -> None:
             assert figures == (evaluation.figures(rows, safety.assess) if rows else {})
             if rows:
                 assert figures["fp"][1] == sum(r["level"] == "none" for r in rows)
-    per = evaluation.figures_by_split(
-        evaluation.labelled("crisis_eval_v2.jsonl"), safety.assess
-    )
+    per = evaluation.figures_by_split(evaluation.labelled("crisis_eval_v2.jsonl"), safety.assess)
     assert SCORED_V2 <= set(per) <= SCORED_V2 | set(HELD_OUT_V2)
 
 
@@ -394,9 +392,7 @@ def test_the_hash_fallback_still_helps_on_held_out_rounds(name: str, split: str)
     8/84; on v2-r15: 40/44, 82/88, 5/86; round 10 on v2-r16: 40/44, 82/88, 11/88, explicit
     15/16 before the rules read blunt force; on v2-r17: 42/44, 81/87, 16/88, explicit 15/16)."""
     rows = _held_out_rows(name, split)
-    registry.set_model_for_tests(
-        crisis_model.CrisisModel.load(crisis_model.artifact_path("hash"))
-    )
+    registry.set_model_for_tests(crisis_model.CrisisModel.load(crisis_model.artifact_path("hash")))
     figures = evaluation.figures(rows, safety.assess)
     rules = evaluation.figures(rows, safety.rules_assess)
     assert _rate(figures["explicit"]) == 1.0

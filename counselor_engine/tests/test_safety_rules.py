@@ -70,9 +70,7 @@ def _broken(change: str) -> dict[str, Any]:
         ("idiom", r"idiom #1 'killing_me': pattern does not compile"),
     ],
 )
-def test_a_malformed_rule_is_refused_with_its_id_and_the_problem(
-    change: str, message: str
-) -> None:
+def test_a_malformed_rule_is_refused_with_its_id_and_the_problem(change: str, message: str) -> None:
     with pytest.raises(rules.RuleError, match=message):
         rules.parse(_broken(change))
 

@@ -41,7 +41,9 @@ def test_the_artifact_is_small_and_trained_on_the_current_data(
     assert tuned_model.ARTIFACT.stat().st_size < 2_000_000
     assert tuned.head.shape == (2, tuned_model.HIDDEN + 1)
     assert tuned.thresholds == train_safety_tuned.THRESHOLDS
-    assert not train_safety_tuned.stale(tuned), "rerun python -m scripts.train_safety_tuned, then --promote"
+    assert not train_safety_tuned.stale(tuned), (
+        "rerun python -m scripts.train_safety_tuned, then --promote"
+    )
     assert train_safety_tuned.main(["--check"]) == 0
 
 

@@ -225,7 +225,10 @@ def without_unfinished_tail(text: str) -> str:
     parts = sentences(text)
     if len(parts) < 2 or _FINISHED.search(parts[-1]):
         return text
-    return "".join(parts[:-1]).rstrip(" \t")  # a line end stays: it ends the sentence
+    kept = "".join(parts[:-1])
+    if _FINISHED.search(kept.rstrip()):
+        return kept.rstrip()
+    return kept.rstrip(" \t")  # its last line has no end mark: the line end finishes it
 
 
 def _word_list(text: str) -> list[str]:

@@ -199,6 +199,7 @@ def test_the_gate_and_the_whole_reply_check_agree(parts: list[str], size: int) -
         ),
         ("Some ideas:\n- walk daily\n- sleep ea", "Some ideas:\n- walk daily\n"),
         ("Some ideas:\n- walk daily\n", "Some ideas:\n- walk daily\n"),
+        ("I hear you.\n\nWhat would help you to", "I hear you."),
         ("I wonder\u2026", "I wonder\u2026"),
         ("Dr. Lee would say you are trying", "Dr. Lee would say you are trying"),
         ("a single sentence the limit cut", "a single sentence the limit cut"),

@@ -204,31 +204,33 @@ def sentences(text: str) -> list[str]:
     return [s for s in out if s]
 
 
-# A sentence that is finished: an end mark, perhaps closing quotes or brackets, perhaps
-# white space; or a line that ended (a list item, a heading).
-_FINISHED = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s*$|\n\s*$")
-
-
 def without_unfinished_tail(text: str) -> str:
     """``text`` cut back to its last whole sentence when it stops in the middle of one.
 
     A reply that reaches the token limit stops wherever the limit fell ("... and to help
     you find"); shown as is, it reads as broken. The papers are silent; our choice: when
-    the last sentence has no end mark (``.``, ``!``, ``?``, an ellipsis, then perhaps
-    closing quotes or brackets) and did not end its line, and an earlier sentence is
-    whole, that last sentence is dropped. A reply of one unfinished sentence is kept whole
-    (an unfinished reply beats none). The rule reads the text alone, not why generation
+    the last sentence has no end mark (``.``, ``!`` or ``?``, then perhaps closing quotes
+    or brackets, as :func:`sentences` reads them) and did not end its line, and an
+    earlier sentence is whole, that last sentence is dropped. A reply of one unfinished
+    sentence is kept whole (an unfinished reply beats none). The rule reads the text alone, not why generation
     stopped, so it is the same on every backend; a reply that ends on purpose without an
     end mark after a whole sentence ("... Take care") loses its last words too, the cost
     we accept for never showing a cut-off sentence.
     """
     parts = sentences(text)
-    if len(parts) < 2 or _FINISHED.search(parts[-1]):
+    if len(parts) < 2 or _finished(parts[-1]):
         return text
     kept = "".join(parts[:-1])
-    if _FINISHED.search(kept.rstrip()):
-        return kept.rstrip()
-    return kept.rstrip(" \t")  # its last line has no end mark: the line end finishes it
+    stripped = kept.rstrip()
+    # Its last line may have no end mark (a list item): then the line end finishes it.
+    return stripped if _finished(stripped) else kept.rstrip(" \t")
+
+
+def _finished(part: str) -> bool:
+    """Whether ``part``, the last sentence of a text, is whole: it ends its line, or
+    :func:`sentences` would end it there were the text to go on (the same end marks and
+    abbreviation rule as everywhere in the guard)."""
+    return part.endswith("\n") or _ends_sentence(part.rstrip() + " ")
 
 
 def _word_list(text: str) -> list[str]:

@@ -23,7 +23,7 @@ from webapp.routing import websocket_urlpatterns  # noqa: E402
 
 warn_if_development_key()
 warm_crisis_model()  # only the servers: workers import the consumers module too
-spool.replay_at_start()  # crises a previous process held when it died
+spool.replay_soon()  # crises a previous process held when it died
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,

@@ -223,7 +223,8 @@ def _replay_once(notifications: list[Callable[[], None]]) -> tuple[int, bool]:
 def replay_soon() -> None:
     """Replay on a thread of its own, never on a shared pool: a crisis record must not wait
     behind notification jobs (storage may still be down: then the records wait for the
-    next successful write)."""
+    next successful write). Called at process start (crises a previous process held when
+    it died) and after each successful write."""
 
     def run() -> None:
         from django.db import connection
@@ -237,11 +238,6 @@ def replay_soon() -> None:
             connection.close()
 
     threading.Thread(target=run, name="psyevo-crisis-spool", daemon=True).start()
-
-
-def replay_at_start() -> None:
-    """At process start: crises a previous process held when it died."""
-    replay_soon()
 
 
 def as_record(

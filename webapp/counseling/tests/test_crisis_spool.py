@@ -102,7 +102,7 @@ async def test_a_crisis_held_when_the_process_dies_is_written_later(  # type: ig
             if isinstance(event, turns.Stored):
                 break
     else:
-        spool.replay_at_start()
+        spool.replay_soon()
 
     try:
         flag = await _eventually(SafetyFlag.objects.filter(session=session).first)

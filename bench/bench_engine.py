@@ -47,28 +47,36 @@ MESSAGES = [
 
 
 class TimedBackend:
-    """Forwards every call to ``inner`` and adds up the time spent inside it."""
+    """Forwards every call to ``inner`` and adds up the time spent inside it, in all
+    (``seconds``) and by kind (``by_kind``: "generate" or "judge"); keeps each generation
+    call's arguments (``generations``) so a bench can replay the same call bare."""
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
         self.name = f"timed-{inner.name}"
         self.seconds = 0.0
+        self.by_kind: dict[str, float] = {}
+        self.generations: list[tuple[Prompt, dict[str, Any]]] = []
 
-    async def _timed(self, awaitable: Any) -> Any:
+    async def _timed(self, awaitable: Any, kind: str) -> Any:
         start = time.perf_counter()
         try:
             return await awaitable
         finally:
-            self.seconds += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.seconds += spent
+            self.by_kind[kind] = self.by_kind.get(kind, 0.0) + spent
 
     async def generate(self, prompt: Prompt, **kwargs: Any) -> list[str]:
-        return await self._timed(self.inner.generate(prompt, **kwargs))
+        self.generations.append((prompt, dict(kwargs)))
+        return await self._timed(self.inner.generate(prompt, **kwargs), "generate")
 
     async def generate_stream(self, prompt: Prompt, **kwargs: Any) -> AsyncIterator[StreamEvent]:
+        self.generations.append((prompt, dict(kwargs)))
         stream = self.inner.generate_stream(prompt, **kwargs).__aiter__()
         while True:
             try:
-                event = await self._timed(stream.__anext__())
+                event = await self._timed(stream.__anext__(), "generate")
             except StopAsyncIteration:
                 return
             yield event
@@ -76,12 +84,12 @@ class TimedBackend:
     async def choice_probabilities(
         self, prompts: Sequence[Prompt], choices: Sequence[str], **kw: Any
     ) -> Any:
-        return await self._timed(self.inner.choice_probabilities(prompts, choices, **kw))
+        return await self._timed(self.inner.choice_probabilities(prompts, choices, **kw), "judge")
 
     async def sequence_logprobs(
         self, prompts: Sequence[Prompt], responses: Sequence[str], **kw: Any
     ) -> Any:
-        return await self._timed(self.inner.sequence_logprobs(prompts, responses, **kw))
+        return await self._timed(self.inner.sequence_logprobs(prompts, responses, **kw), "judge")
 
     async def load_adapter(self, name: str, path: str, *, sha256: str = "") -> None:
         await self.inner.load_adapter(name, path, sha256=sha256)
@@ -121,19 +129,6 @@ async def overhead(backend: Backend, config: CounselorConfig, sessions: int) -> 
     return {"turns": len(walls), "wall": wall, "model": model, "overhead": (wall - model) / model}
 
 
-class StreamRecorder(TimedBackend):
-    """Keeps each ``generate_stream`` call's arguments, so a bench can replay the call."""
-
-    def __init__(self, inner: Backend) -> None:
-        super().__init__(inner)
-        self.streams: list[tuple[Prompt, dict[str, Any]]] = []
-
-    async def generate_stream(self, prompt: Prompt, **kwargs: Any) -> AsyncIterator[StreamEvent]:
-        self.streams.append((prompt, dict(kwargs)))
-        async for event in super().generate_stream(prompt, **kwargs):
-            yield event
-
-
 async def first_token(backend: Backend, config: CounselorConfig, reps: int) -> dict[str, Any]:
     """Time to the first text a client sees in ``stream_first`` mode, against a bare stream.
 
@@ -148,7 +143,7 @@ async def first_token(backend: Backend, config: CounselorConfig, reps: int) -> d
     """
     engine, bare, first_delta, same = [], [], [], []
     for r in range(reps):
-        rec = StreamRecorder(backend)
+        rec = TimedBackend(backend)
         client = ClientState(f"ttft-{r}", "cbt", 0, 4, memory=MemoryStore())
         counselor = Counselor(rec, config=config)  # type: ignore[arg-type]
         counselor.start_session(client, None)
@@ -162,7 +157,7 @@ async def first_token(backend: Backend, config: CounselorConfig, reps: int) -> d
                 break
         await respond.aclose()  # type: ignore[attr-defined]
         await asyncio.sleep(0.2)  # let the abandoned generation stop before the bare call
-        (prompt, kwargs), *_ = rec.streams
+        (prompt, kwargs), *_ = rec.generations
         gate, passed = SentenceGate(), ""
         start = time.perf_counter()
         stream = backend.generate_stream(prompt, **kwargs)

@@ -31,9 +31,9 @@ class CountingBackend(TimedBackend):
 
     calls = 0
 
-    async def _timed(self, awaitable: Any) -> Any:
+    async def _timed(self, awaitable: Any, kind: str) -> Any:
         self.calls += 1
-        return await super()._timed(awaitable)
+        return await super()._timed(awaitable, kind)
 
 
 async def one_turn(backend: CountingBackend, config: CounselorConfig, k: int) -> dict[str, Any]:

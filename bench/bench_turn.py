@@ -71,39 +71,23 @@ Readings = dict[tuple[int, int, str, str], tuple[float, float | None]]
 
 
 class RecordingBackend(TimedBackend):
-    """Times each kind of call and keeps the calls: the generate call (to replay it bare)
-    and the judge's (its token count and lower bound; its readings). ``judge`` serves the
-    judge's calls (default: ``inner``, which generates)."""
+    """A :class:`TimedBackend` that also keeps the judge's calls (their token count and
+    lower bound); ``judge`` serves them (default: ``inner``, which generates)."""
 
     def __init__(
         self, inner: TransformersBackend, judge: TransformersBackend | None = None
     ) -> None:
         super().__init__(inner)
         self.judge = judge or inner
-        self.by_call: dict[str, float] = {}
-        self.generated: list[tuple[Prompt, dict[str, Any]]] = []
         self.scored: list[tuple[list[Prompt], list[str] | None]] = []
-
-    async def _timed_as(self, kind: str, awaitable: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return await awaitable
-        finally:
-            self.by_call[kind] = self.by_call.get(kind, 0.0) + time.perf_counter() - start
-
-    async def generate(self, prompt: Prompt, **kwargs: Any) -> list[str]:
-        self.generated.append((prompt, dict(kwargs)))
-        return await self._timed_as("generate", self.inner.generate(prompt, **kwargs))
 
     async def choice_probabilities(self, prompts: Any, choices: Any, **kw: Any) -> Any:
         self.scored.append((list(prompts), None))
-        call = self.judge.choice_probabilities(prompts, choices, **kw)
-        return await self._timed_as("judge", call)
+        return await self._timed(self.judge.choice_probabilities(prompts, choices, **kw), "judge")
 
     async def sequence_logprobs(self, prompts: Any, responses: Any, **kw: Any) -> Any:
         self.scored.append((list(prompts), list(responses)))
-        call = self.judge.sequence_logprobs(prompts, responses, **kw)
-        return await self._timed_as("judge", call)
+        return await self._timed(self.judge.sequence_logprobs(prompts, responses, **kw), "judge")
 
 
 async def one_turn(
@@ -137,7 +121,7 @@ async def one_turn(
         (jd["i"], jd["j"], jd["order"], jd["criterion"]): (jd["z_i"], jd["vote"])
         for jd in (done.group.judgments if done.group else [])
     }
-    return {"wall": wall, **rec.by_call}, outcome, rec, readings
+    return {"wall": wall, **rec.by_kind}, outcome, rec, readings
 
 
 # Two earlier exchanges, so the judged turn has a mid-session context to share.
@@ -222,7 +206,7 @@ def lower_bound_seconds(
 async def bare_generate(backend: TransformersBackend, rec: RecordingBackend) -> float:
     """The turn's own generate call (prompt, N, parameters, seed: the same tokens), with
     nothing around it."""
-    (prompt, kwargs), *_ = rec.generated
+    (prompt, kwargs), *_ = rec.generations
     start = time.perf_counter()
     await backend.generate(prompt, **kwargs)
     return time.perf_counter() - start

@@ -20,7 +20,6 @@ __all__ = [
     "PrefixNode",
     "decoder_and_head",
     "encode_pairs",
-    "item_tokens",
     "pair_ids",
     "prefix_tree",
     "render_prompt",
@@ -164,10 +163,6 @@ class PrefixNode:
 
     tokens: list[int]  # from the start of the prompt
     children: list[int | PrefixNode]  # a prompt (its index) or a longer shared prefix
-
-
-def item_tokens(rows: Sequence[Sequence[int]], item: int | PrefixNode) -> Sequence[int]:
-    return rows[item] if isinstance(item, int) else item.tokens
 
 
 def prefix_tree(

@@ -32,7 +32,6 @@ from transformers.generation.streamers import BaseStreamer
 from counselor_engine.torchkit import (
     PrefixNode,
     decoder_and_head,
-    item_tokens,
     pair_ids,
     prefix_tree,
     render_prompt,
@@ -51,6 +50,40 @@ from .base import (
 )
 
 __all__ = ["IncrementalDecoder", "TransformersBackend"]
+
+# A computed prefix that segments continue: (cache, its row, that row's attention mask,
+# the prefix's count of real tokens).
+_Context = tuple[DynamicCache, int, torch.Tensor, int]
+# Leaf batches (shared-prefix scoring): at most this many rows, and padding at most this share
+# of a batch's tokens.
+_LEAF_ROWS = 48
+_LEAF_PADDING = 0.1
+
+
+def _length_batches(
+    leaves: list[tuple[int, _Context | None]],
+    segment: Callable[[tuple[int, _Context | None]], list[int]],
+) -> list[list[tuple[int, _Context | None]]]:
+    """``leaves`` longest first, cut into batches of at most ``_LEAF_ROWS`` rows whose
+    left padding (to the batch's longest row) is at most ``_LEAF_PADDING`` of its tokens:
+    as large as the padding allows, since bigger matrices run faster per token on CPU."""
+    batches: list[list[tuple[int, _Context | None]]] = []
+    longest = real = 0
+    for leaf in sorted(leaves, key=lambda leaf: -len(segment(leaf))):
+        size = len(segment(leaf))
+        full = not batches or len(batches[-1]) >= _LEAF_ROWS
+        if full or real + size < (1 - _LEAF_PADDING) * longest * (len(batches[-1]) + 1):
+            batches.append([])
+            longest, real = size, 0
+        batches[-1].append(leaf)
+        real += size
+    return batches
+
+
+def _renormalised(logits: torch.Tensor, choice_ids: list[int]) -> torch.Tensor:
+    """The choices' probabilities ``[rows, k]`` under the full softmax, scaled to sum to 1."""
+    probs = torch.softmax(logits.float(), dim=-1)[:, choice_ids]
+    return (probs / probs.sum(dim=-1, keepdim=True)).cpu()
 
 
 class IncrementalDecoder:
@@ -377,94 +410,121 @@ class TransformersBackend(Backend):
         """Next-token choice probabilities, one row per prompt, in input order.
 
         With ``share_prefixes`` (the default) every token prefix that prompts share is
-        computed once, as vLLM's prefix caching would (:func:`prefix_tree`; the judge's
-        240 pairwise prompts share the system prompt and conversation, then reply A,
-        then reply B): a shared prefix is run once and its KV cache copied to the rows
-        that continue it. ``share_prefixes=False`` is the plain path, every prompt in
-        full in one left-padded forward: the reference the shared path equals within
+        computed once, as vLLM's prefix caching would (:meth:`_shared_forward`; the
+        judge's 240 pairwise prompts share the system prompt and conversation, then
+        reply A, then reply B), and only each prompt's last position goes through the
+        vocabulary projection. ``share_prefixes=False`` (or a model the shared path
+        cannot serve) is the plain path, every prompt in full in one left-padded
+        forward: the reference the shared path equals within
         float tolerance (the same attention over the same tokens at the same positions,
         only batched differently).
         """
         texts = [render_prompt(self._tokenizer, p) for p in prompts]
         rows = [list(self._tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        items: list[int | PrefixNode] = list(range(len(rows)))
-        if share_prefixes and self._prefix_sharing:
-            items = prefix_tree(rows)
-        out = torch.empty((len(rows), len(choice_ids)), dtype=torch.float32)
         with self._use(adapter), torch.inference_mode():
-            self._call_torch(self._score_items, rows, items, choice_ids, out, None)
+            parts = decoder_and_head(self._model)
+            if share_prefixes and self._prefix_sharing and parts is not None:
+                out = self._call_torch(self._shared_choices, parts, rows, choice_ids)
+            else:
+                out = self._call_torch(self._plain_choices, rows, choice_ids)
         return [[float(x) for x in row] for row in out]
 
-    def _score_items(
+    def _plain_choices(self, rows: list[list[int]], choice_ids: list[int]) -> torch.Tensor:
+        """Every row in full in one left-padded forward; only the last column is
+        projected. Returns the choice probabilities, renormalised, ``[rows, k]``."""
+        inputs, _ = self._segment_inputs(rows, None, None, 0)
+        logits = self._model(**inputs, logits_to_keep=1).logits[:, -1, :]
+        return _renormalised(logits, choice_ids)
+
+    def _shared_choices(
+        self, parts: tuple[Any, Any], rows: list[list[int]], choice_ids: list[int]
+    ) -> torch.Tensor:
+        """:meth:`_plain_choices` on shared prefixes: each leaf's last position (the last
+        column, as segments are left-padded) through the vocabulary projection."""
+        decoder, head = parts
+        out = torch.empty((len(rows), len(choice_ids)), dtype=torch.float32)
+        for items, hidden in self._shared_forward(decoder, rows, rows):
+            out[items] = _renormalised(head(hidden[:, -1, :]), choice_ids)
+        return out
+
+    def _shared_forward(
+        self, decoder: Any, prompts: list[list[int]], rows: list[list[int]]
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Run ``rows`` (each one prompt's tokens, and for sequence scoring its response
+        after them) with every prefix the ``prompts`` share computed once; yield each
+        batch of rows (indices) with its decoder states ``[batch, width, hidden]``. A row's
+        own tokens are left-padded, so they fill the last columns.
+
+        First the shared prefixes, level by level (:meth:`_prefill`); then every row's own
+        tokens on the context it continues, batched by length across contexts
+        (:func:`_length_batches`) rather than per prefix: the contrastive judge scores the
+        same N replies under each persona, so one persona's replies padded to the longest
+        were 40% padding in a measured SmolLM2 turn, while one reply under several
+        personas has none. Each batch row keeps its own context (:meth:`_stack_contexts`).
+        """
+        leaves: list[tuple[int, _Context | None]] = []
+        self._prefill(decoder, prefix_tree(prompts), None, leaves)
+
+        def segment(leaf: tuple[int, _Context | None]) -> list[int]:
+            item, context = leaf
+            return rows[item][0 if context is None else context[3] :]
+
+        whole = [leaf for leaf in leaves if leaf[1] is None]
+        continued = [leaf for leaf in leaves if leaf[1] is not None]
+        for batch in [*_length_batches(whole, segment), *_length_batches(continued, segment)]:
+            cache, past_mask, past_length = self._stack_contexts([c for _, c in batch])
+            inputs, _ = self._segment_inputs(
+                [segment(leaf) for leaf in batch], cache, past_mask, past_length
+            )
+            yield [item for item, _ in batch], decoder(**inputs).last_hidden_state
+
+    def _prefill(
         self,
-        rows: list[list[int]],
+        decoder: Any,
         items: list[int | PrefixNode],
-        choice_ids: list[int],
-        out: torch.Tensor,
-        context: tuple[DynamicCache, int, torch.Tensor, int] | None,
+        context: _Context | None,
+        leaves: list[tuple[int, _Context | None]],
     ) -> None:
-        """Run ``items`` (prompts and shared prefixes that all continue one context) in
-        one batch; write each prompt's choice probabilities to ``out[index]`` and recurse
-        into each prefix's children with the prefix's cache as their context.
-
-        ``context`` is ``(cache, row, mask, length)``: row ``row`` of ``cache`` holds the
-        context's keys and values, ``mask`` (1-D) tells its real positions from padding,
-        and ``length`` counts its real tokens; ``None`` for the start of the prompts.
-        """
+        """Run the shared prefixes among ``items`` in one batch on ``context`` and recurse
+        into their children; collect every leaf (a row) with the context it continues.
+        A prefix is prompt tokens only, so no vocabulary projection is needed here."""
+        leaves.extend((item, context) for item in items if isinstance(item, int))
+        nodes = [item for item in items if isinstance(item, PrefixNode)]
+        if not nodes:
+            return
         length = 0 if context is None else context[3]
-        segments = [list(item_tokens(rows, item)[length:]) for item in items]
-        cache: DynamicCache | None = None
-        if context is not None:
-            cache = self._cache_rows(context[0], context[1], len(items))
-        elif any(isinstance(item, PrefixNode) for item in items):
+        if context is None:
             cache = DynamicCache(config=self._model.config)
-        probs, mask = self._forward_segments(
-            segments, choice_ids, cache, None if context is None else context[2], length
+        else:
+            cache = self._cache_rows(context[0], context[1], len(nodes))
+        inputs, mask = self._segment_inputs(
+            [node.tokens[length:] for node in nodes],
+            cache,
+            None if context is None else context[2],
+            length,
         )
-        for k, item in enumerate(items):
-            if isinstance(item, int):
-                out[item] = probs[k]
-            else:
-                assert cache is not None
-                self._score_items(
-                    rows, item.children, choice_ids, out, (cache, k, mask[k], len(item.tokens))
-                )
-
-    def _forward_segments(
-        self,
-        segments: list[list[int]],
-        choice_ids: list[int],
-        cache: DynamicCache | None,
-        past_mask: torch.Tensor | None,
-        past_length: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward over ``segments`` that continue ``cache`` (every row of which holds
-        the same context; none: the segments are whole prompts). Returns the choice
-        probabilities after each segment's last token, renormalised (``[rows, k]``), and
-        the attention mask of the rows' cache as it now is (``[rows, past + width]``).
-
-        Segments are left-padded, so every last token sits in the last column and only
-        that column goes through the vocabulary projection. The attention mask covers
-        the context (``past_mask``: its real positions and the holes its own padding
-        left) and then the padded segment; a segment's positions continue at
-        ``past_length``, the context's count of real tokens. Padding thus leaves masked
-        holes between context and segment that no real token attends to, and positions
-        count real tokens only, so every row computes what its whole prompt would alone.
-        """
-        inputs, attention = self._segment_inputs(segments, cache, past_mask, past_length)
-        out = self._model(**inputs, logits_to_keep=1)
-        probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)[:, choice_ids]
-        return (probs / probs.sum(dim=-1, keepdim=True)).cpu(), attention
+        decoder(**inputs)
+        for k, node in enumerate(nodes):
+            self._prefill(decoder, node.children, (cache, k, mask[k], len(node.tokens)), leaves)
 
     def _segment_inputs(
         self,
         segments: list[list[int]],
         cache: DynamicCache | None,
         past_mask: torch.Tensor | None,
-        past_length: int,
+        past_length: int | torch.Tensor,
     ) -> tuple[dict[str, Any], torch.Tensor]:
-        """Forward arguments for ``segments`` left-padded after a shared context (see
-        :meth:`_forward_segments`), and the attention mask of the rows' cache after it."""
+        """Forward arguments for ``segments`` left-padded after a context, and the
+        attention mask of the rows' cache after them (``[rows, past + width]``).
+
+        The context is one for all rows (``past_mask`` 1-D, ``past_length`` an int) or one
+        per row (``[rows, past]`` and ``[rows, 1]``, :meth:`_stack_contexts`); none for
+        whole prompts. The mask covers the context (its real positions and the holes its
+        own padding left), then the padded segment; a segment's positions continue at the
+        context's count of real tokens. Padding thus leaves masked holes that no real
+        token attends to, and positions count real tokens only, so every row computes
+        what its whole prompt would alone.
+        """
         width = max(len(seg) for seg in segments)
         pad = int(self._tokenizer.pad_token_id)
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in segments], dtype=torch.long)
@@ -499,6 +559,36 @@ class TransformersBackend(Backend):
             )
         return DynamicCache(ddp_cache_data=data, config=self._model.config)
 
+    def _stack_contexts(
+        self, contexts: list[_Context | None]
+    ) -> tuple[DynamicCache | None, torch.Tensor | None, torch.Tensor | int]:
+        """One cache whose row k holds context k (left-padded to the widest, the padding
+        masked), its attention mask ``[rows, width]`` and each row's count of real tokens
+        ``[rows, 1]``; ``(None, None, 0)`` when no row has a context (whole prompts)."""
+        if all(context is None for context in contexts):
+            return None, None, 0
+        real = [context for context in contexts if context is not None]
+        if len(real) < len(contexts):
+            raise ValueError("a batch mixes whole prompts and continued contexts")
+        width = max(int(mask.shape[0]) for _, _, mask, _ in real)
+        data: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in range(len(real[0][0].layers)):
+            keys: list[torch.Tensor] = []
+            values: list[torch.Tensor] = []
+            for cache, row, mask, _ in real:
+                stored = cache.layers[layer]
+                assert isinstance(stored, DynamicLayer)
+                assert stored.keys is not None and stored.values is not None
+                gap = (0, 0, width - int(mask.shape[0]), 0)  # left-pad the positions
+                keys.append(torch.nn.functional.pad(stored.keys[row : row + 1], gap))
+                values.append(torch.nn.functional.pad(stored.values[row : row + 1], gap))
+            data.append((torch.cat(keys), torch.cat(values)))
+        masks = torch.stack(
+            [torch.nn.functional.pad(mask, (width - int(mask.shape[0]), 0)) for *_, mask, _ in real]
+        )
+        lengths = torch.tensor([[length] for *_, length in real])
+        return DynamicCache(ddp_cache_data=data, config=self._model.config), masks, lengths
+
     def _logprobs_blocking(
         self,
         prompts: list[Prompt],
@@ -510,7 +600,7 @@ class TransformersBackend(Backend):
         """Sum of the response's token log-probabilities after its prompt, per pair.
 
         With ``share_prefixes`` (the default) the prompts' shared token prefixes are
-        computed once (:func:`prefix_tree` over the prompts alone), as in
+        computed once (:meth:`_shared_forward`, the tree over the prompts alone), as in
         :meth:`_choice_blocking`: the contrastive judge scores every reply of a turn
         under the same 24 persona + conversation prompts, so each of those is read once
         per batch instead of once per reply. Each prompt's own tail and its response then
@@ -529,10 +619,7 @@ class TransformersBackend(Backend):
                     for t, r in zip(texts, responses, strict=True)
                 ]
                 if all(p for p, _ in pairs):
-                    out = torch.zeros(len(pairs), dtype=torch.float32)
-                    items = prefix_tree([p for p, _ in pairs])
-                    self._call_torch(self._logprob_items, parts, pairs, items, out, None)
-                    return [float(v) for v in out]
+                    return self._call_torch(self._shared_logprobs, parts, pairs)
             values = self._call_torch(
                 response_logprobs,
                 self._model,
@@ -543,52 +630,25 @@ class TransformersBackend(Backend):
             )
         return [float(v) for v in values.cpu()]
 
-    def _logprob_items(
-        self,
-        parts: tuple[Any, Any],
-        pairs: list[tuple[list[int], list[int]]],
-        items: list[int | PrefixNode],
-        out: torch.Tensor,
-        context: tuple[DynamicCache, int, torch.Tensor, int] | None,
-    ) -> None:
-        """:meth:`_score_items` for sequence scoring: a leaf's segment is the rest of its
-        prompt and then its response, whose summed token log-probabilities go to
-        ``out[index]``. A leaf keeps at least its prompt's last token (see
-        :func:`prefix_tree`), whose position predicts the response's first token."""
+    def _shared_logprobs(
+        self, parts: tuple[Any, Any], pairs: list[tuple[list[int], list[int]]]
+    ) -> list[float]:
+        """The shared-prefix path of :meth:`_logprobs_blocking`: each response's token
+        log-probabilities, read from the states one column before each of its tokens."""
         decoder, head = parts
-        length = 0 if context is None else context[3]
-        segments = [
-            pairs[item][0][length:] + pairs[item][1]
-            if isinstance(item, int)
-            else item.tokens[length:]
-            for item in items
-        ]
-        cache: DynamicCache | None = None
-        if context is not None:
-            cache = self._cache_rows(context[0], context[1], len(items))
-        elif any(isinstance(item, PrefixNode) for item in items):
-            cache = DynamicCache(config=self._model.config)
-        inputs, mask = self._segment_inputs(
-            segments, cache, None if context is None else context[2], length
-        )
-        hidden = decoder(**inputs).last_hidden_state
-        width = hidden.shape[1]
-        for k, item in enumerate(items):
-            if isinstance(item, PrefixNode):
-                assert cache is not None
-                self._logprob_items(
-                    parts, pairs, item.children, out, (cache, k, mask[k], len(item.tokens))
-                )
-                continue
-            response = pairs[item][1]
-            if not response:
-                continue  # nothing to score: log p = 0, as response_logprobs gives
-            # Segments are left-padded: the response fills the last columns, and each of
-            # its tokens is predicted one column earlier.
-            states = hidden[k, width - len(response) - 1 : width - 1]
-            logp = torch.log_softmax(head(states).float(), dim=-1)
-            target = torch.tensor(response, dtype=torch.long, device=logp.device)
-            out[item] = logp.gather(-1, target.unsqueeze(-1)).sum().cpu()
+        out = torch.zeros(len(pairs), dtype=torch.float32)
+        rows = [prompt + response for prompt, response in pairs]
+        for items, hidden in self._shared_forward(decoder, [p for p, _ in pairs], rows):
+            width = hidden.shape[1]
+            for k, item in enumerate(items):
+                response = pairs[item][1]
+                if not response:
+                    continue  # nothing to score: log p = 0, as response_logprobs gives
+                states = hidden[k, width - len(response) - 1 : width - 1]
+                logp = torch.log_softmax(head(states).float(), dim=-1)
+                target = torch.tensor(response, dtype=torch.long, device=logp.device)
+                out[item] = logp.gather(-1, target.unsqueeze(-1)).sum().cpu()
+        return [float(v) for v in out]
 
     def _load_adapter_blocking(self, name: str, path: str, sha256: str = "") -> None:
         """Load (or replace) adapter ``name`` from ``path``.

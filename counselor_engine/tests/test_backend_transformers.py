@@ -332,18 +332,19 @@ def _plain(backend: TransformersBackend, prompts, adapter: str | None = None):  
     return backend._choice_blocking(list(prompts), ids, adapter, share_prefixes=False)
 
 
-def _record_forwards(
+def _record_segments(
     backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
 ) -> list[tuple[int, list[int]]]:
-    """Records every forward of the choice path: (context length, segment lengths)."""
+    """Records every forward of the shared and plain paths: (longest context, segment lengths)."""
     calls: list[tuple[int, list[int]]] = []
-    real = backend._forward_segments
+    real = backend._segment_inputs
 
-    def spy(segments, choice_ids, cache, past_mask, past_length):  # type: ignore[no-untyped-def]
-        calls.append((past_length, [len(s) for s in segments]))
-        return real(segments, choice_ids, cache, past_mask, past_length)
+    def spy(segments, cache, past_mask, past_length):  # type: ignore[no-untyped-def]
+        past = past_length if isinstance(past_length, int) else int(past_length.max())
+        calls.append((past, [len(s) for s in segments]))
+        return real(segments, cache, past_mask, past_length)
 
-    monkeypatch.setattr(backend, "_forward_segments", spy)
+    monkeypatch.setattr(backend, "_segment_inputs", spy)
     return calls
 
 
@@ -398,7 +399,7 @@ async def test_shared_prefixes_give_the_plain_forward_probabilities_in_input_ord
 ) -> None:
     batch = judge_like_batch(chat_prompt)
     expected = _plain(tiny_backend, batch)
-    forwards = _record_forwards(tiny_backend, monkeypatch)
+    forwards = _record_segments(tiny_backend, monkeypatch)
     got = await tiny_backend.choice_probabilities(batch, ["A", "B"])
     # The shared path ran, nested, and computed far fewer tokens than the prompts hold.
     assert len(forwards) > 3 and max(past for past, _ in forwards) >= 32
@@ -482,7 +483,7 @@ async def test_a_single_prompt_takes_the_plain_path(
 ) -> None:
     prompt = _pair_prompt(0, 1, _CRITERIA[0])
     expected = _plain(tiny_backend, [prompt])
-    forwards = _record_forwards(tiny_backend, monkeypatch)
+    forwards = _record_segments(tiny_backend, monkeypatch)
     _assert_close(await tiny_backend.choice_probabilities([prompt], ["A", "B"]), expected)
     assert forwards == [(0, [len(_token_rows(tiny_backend, [prompt])[0])])]
 
@@ -496,21 +497,22 @@ async def test_a_prompt_that_is_a_prefix_of_another_keeps_its_own_last_token(
     rows = _token_rows(tiny_backend, batch)
     assert rows[0][: len(rows[1])] == rows[1]  # really a token prefix
     expected = _plain(tiny_backend, batch)
-    forwards = _record_forwards(tiny_backend, monkeypatch)
+    forwards = _record_segments(tiny_backend, monkeypatch)
     got = await tiny_backend.choice_probabilities(batch, ["A", "B"])
     # The whole short prompt but its last token is shared: that token is read alone.
     shared = len(rows[1]) - 1
     rest = len(rows[0]) - shared
     assert [(past, sorted(lengths)) for past, lengths in forwards] == [
         (0, [shared]),
-        (shared, [1, 1, rest, rest]),
+        (shared, [rest, rest]),
+        (shared, [1, 1]),
     ]
     _assert_close(got, expected)
     assert got[1] == got[2] and got[0] == got[3]
     assert got[0] != pytest.approx(got[1], abs=1e-3)
 
 
-async def test_prompts_without_a_long_common_prefix_take_the_plain_path(
+async def test_prompts_without_a_long_common_prefix_are_read_whole(
     tiny_backend: TransformersBackend,
     chat_prompt: list[ChatMessage],
     monkeypatch: pytest.MonkeyPatch,
@@ -524,12 +526,11 @@ async def test_prompts_without_a_long_common_prefix_take_the_plain_path(
     rows = _token_rows(tiny_backend, batch)
     assert sorted(prefix_tree(rows)) == [0, 1, 2, 3]  # type: ignore[type-var]
     expected = _plain(tiny_backend, batch)
-    forwards = _record_forwards(tiny_backend, monkeypatch)
+    forwards = _record_segments(tiny_backend, monkeypatch)
     _assert_close(await tiny_backend.choice_probabilities(batch, ["A", "B"]), expected)
-    # One plain forward over the whole prompts.
-    assert [(past, sorted(lengths)) for past, lengths in forwards] == [
-        (0, sorted(len(r) for r in rows))
-    ]
+    # Each whole prompt read once, on no shared context.
+    assert all(past == 0 for past, _ in forwards)
+    assert sorted(n for _, lengths in forwards for n in lengths) == sorted(map(len, rows))
 
 
 async def test_shared_prefixes_match_the_plain_forward_with_an_adapter(
@@ -542,7 +543,7 @@ async def test_shared_prefixes_match_the_plain_forward_with_an_adapter(
     await tiny_backend.load_adapter("v1", str(tiny_adapter_paths["v1"]))
     base = await tiny_backend.choice_probabilities(batch, ["A", "B"])
     expected = _plain(tiny_backend, batch, "v1")
-    forwards = _record_forwards(tiny_backend, monkeypatch)
+    forwards = _record_segments(tiny_backend, monkeypatch)
     got = await tiny_backend.choice_probabilities(batch, ["A", "B"], adapter="v1")
     assert len(forwards) > 3
     _assert_close(got, expected)
@@ -596,7 +597,7 @@ async def test_models_with_other_cache_layers_take_the_plain_path(
     batch = judge_like_batch(chat_prompt)
     shared = await tiny_backend.choice_probabilities(batch, ["A", "B"])
     monkeypatch.setattr(tiny_backend, "_prefix_sharing", False)  # e.g. sliding windows
-    forwards = _record_forwards(tiny_backend, monkeypatch)
+    forwards = _record_segments(tiny_backend, monkeypatch)
     _assert_close(await tiny_backend.choice_probabilities(batch, ["A", "B"]), shared)
     assert len(forwards) == 1 and forwards[0][0] == 0
 
@@ -844,21 +845,6 @@ def contrast_like_batch() -> tuple[list[list[ChatMessage]], list[str]]:
     return prompts, responses
 
 
-def _record_segments(
-    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
-) -> list[tuple[int, list[int]]]:
-    """Records every forward of the scoring path: (context length, segment lengths)."""
-    calls: list[tuple[int, list[int]]] = []
-    real = backend._segment_inputs
-
-    def spy(segments, cache, past_mask, past_length):  # type: ignore[no-untyped-def]
-        calls.append((past_length, [len(s) for s in segments]))
-        return real(segments, cache, past_mask, past_length)
-
-    monkeypatch.setattr(backend, "_segment_inputs", spy)
-    return calls
-
-
 @pytest.mark.parametrize("adapter", [None, "v1"])
 async def test_sequence_scores_on_shared_prefixes_equal_the_trainers_function(
     tiny_backend: TransformersBackend,
@@ -890,6 +876,23 @@ async def test_sequence_scores_on_shared_prefixes_equal_the_trainers_function(
     assert alone == pytest.approx(shared[7], rel=1e-5, abs=1e-4)
 
 
+async def test_replies_are_batched_across_personas_with_little_padding(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each reply under every persona goes in one forward, not each persona's replies
+    padded to the longest of them: the padded tokens of every forward that continues a
+    shared prefix are at most a tenth of its tokens (_LEAF_PADDING)."""
+    prompts, responses = contrast_like_batch()
+    forwards = _record_segments(tiny_backend, monkeypatch)
+    await tiny_backend.sequence_logprobs(prompts, responses)
+    leaves = [lengths for past, lengths in forwards if past > 0 and len(lengths) > 1]
+    assert leaves, "no batch continued a shared prefix"
+    for lengths in leaves:
+        assert sum(lengths) >= 0.9 * len(lengths) * max(lengths), lengths
+    # A reply's rows (one per persona) go together: 3 personas, so batches of >= 3.
+    assert all(len(lengths) >= len(_PERSONAS) for lengths in leaves)
+
+
 async def test_sequence_scores_with_nothing_shared_take_the_plain_forward(
     tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -900,4 +903,4 @@ async def test_sequence_scores_with_nothing_shared_take_the_plain_forward(
     assert await tiny_backend.sequence_logprobs(prompts, responses) == pytest.approx(
         plain, rel=1e-5, abs=1e-4
     )
-    assert len(forwards) == 1 and forwards[0][0] == 0  # one forward, no shared context
+    assert forwards and all(past == 0 for past, _ in forwards)  # no shared context

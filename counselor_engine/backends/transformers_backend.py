@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteria
-from transformers.cache_utils import DynamicLayer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    StaticCache,
+    StoppingCriteria,
+)
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from transformers.generation.streamers import BaseStreamer
 
 from counselor_engine.torchkit import (
@@ -58,6 +64,9 @@ _Context = tuple[DynamicCache, int, torch.Tensor, int]
 # of a batch's tokens.
 _LEAF_ROWS = 48
 _LEAF_PADDING = 0.1
+# Response positions projected onto the vocabulary at once: 1024 x 49,152 float32 logits
+# (SmolLM2) are 200 MB.
+_HEAD_POSITIONS = 1024
 
 
 def _length_batches(
@@ -78,6 +87,12 @@ def _length_batches(
         batches[-1].append(leaf)
         real += size
     return batches
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) per row of ``logits`` ``[positions, vocab]``, in float32."""
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _renormalised(logits: torch.Tensor, choice_ids: list[int]) -> torch.Tensor:
@@ -378,12 +393,16 @@ class TransformersBackend(Backend):
             torch.inference_mode(),
         ):
             if kwargs["num_return_sequences"] > 1 and input_ids.shape[1] > 1:
-                kwargs["cache"] = self._call_torch(self._shared_prefix, input_ids, n)
+                kwargs["cache"] = self._call_torch(
+                    self._shared_prefix, input_ids, n, params.max_new_tokens
+                )
             out = self._call_torch(self._model.generate, **kwargs)
         texts = [self._decode_new(row[input_ids.shape[1] :]) for row in out]
         return texts if sample else texts * n
 
-    def _shared_prefix(self, input_ids: torch.Tensor, n: int) -> DynamicCache:
+    def _shared_prefix(
+        self, input_ids: torch.Tensor, n: int, max_new_tokens: int, *, static: bool = True
+    ) -> Cache:
         """Prefill the prompt once and copy its KV cache to the ``n`` rows.
 
         ``generate`` with ``num_return_sequences=n`` would otherwise expand the prompt
@@ -391,12 +410,35 @@ class TransformersBackend(Backend):
         memories, history) that prefill dominates the time to the first token. All but
         the last prompt token go in the cache; ``generate`` feeds the last one itself.
         Sampling is unchanged (the same computation, batched differently).
+
+        The rows go into a preallocated (static) cache of the prompt's length plus
+        ``max_new_tokens``: a dynamic cache grows every layer by ``torch.cat`` at every
+        step, copying all of it, which was 44% of a SmolLM2 turn's generation time in a
+        profile (N = 5, 160 new tokens); the static one writes each step in place and
+        gave the same text. Models whose layers are not plain full attention (see
+        ``_prefix_sharing``) keep the dynamic cache, as does ``static=False`` (the
+        reference bench/bench_turn.py measures against).
         """
-        cache = DynamicCache(config=self._model.config)
+        prefix = DynamicCache(config=self._model.config)
         # Only the cache is wanted: logits_to_keep=1 skips the vocabulary projection of
         # every other prompt token.
-        self._model(input_ids=input_ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(n)
+        self._model(input_ids=input_ids[:, :-1], cache=prefix, use_cache=True, logits_to_keep=1)
+        if not (static and self._prefix_sharing):
+            prefix.batch_repeat_interleave(n)
+            return prefix
+        length = input_ids.shape[1] - 1
+        cache = StaticCache(
+            config=self._model.config, max_cache_len=input_ids.shape[1] + max_new_tokens
+        )
+        for layer, stored in zip(cache.layers, prefix.layers, strict=True):
+            assert isinstance(layer, StaticLayer) and isinstance(stored, DynamicLayer)
+            keys, values = stored.keys, stored.values
+            assert keys is not None and values is not None
+            layer.lazy_initialization(keys.expand(n, -1, -1, -1), values.expand(n, -1, -1, -1))
+            assert layer.keys is not None and layer.values is not None
+            layer.keys[:, :, :length] = keys
+            layer.values[:, :, :length] = values
+            layer.cumulative_length.fill_(length)
         return cache
 
     def _choice_blocking(
@@ -634,20 +676,41 @@ class TransformersBackend(Backend):
         self, parts: tuple[Any, Any], pairs: list[tuple[list[int], list[int]]]
     ) -> list[float]:
         """The shared-prefix path of :meth:`_logprobs_blocking`: each response's token
-        log-probabilities, read from the states one column before each of its tokens."""
+        log-probabilities, read from the states one column before each of its tokens.
+
+        A batch's response positions go through the vocabulary projection together (in
+        slices of ``_HEAD_POSITIONS``): one large product instead of one per response,
+        which on CPU runs faster per position; ``logit - logsumexp`` reads each logit row
+        once where a full ``log_softmax`` would write a second vocabulary-wide row.
+        """
         decoder, head = parts
         out = torch.zeros(len(pairs), dtype=torch.float32)
         rows = [prompt + response for prompt, response in pairs]
         for items, hidden in self._shared_forward(decoder, [p for p, _ in pairs], rows):
             width = hidden.shape[1]
-            for k, item in enumerate(items):
-                response = pairs[item][1]
-                if not response:
-                    continue  # nothing to score: log p = 0, as response_logprobs gives
-                states = hidden[k, width - len(response) - 1 : width - 1]
-                logp = torch.log_softmax(head(states).float(), dim=-1)
-                target = torch.tensor(response, dtype=torch.long, device=logp.device)
-                out[item] = logp.gather(-1, target.unsqueeze(-1)).sum().cpu()
+            scored = [(k, item) for k, item in enumerate(items) if pairs[item][1]]
+            if not scored:
+                continue  # nothing to score: log p = 0, as response_logprobs gives
+            # Left-padded segments: the response fills the last columns, each of its
+            # tokens predicted one column earlier.
+            states = torch.cat(
+                [hidden[k, width - len(pairs[item][1]) - 1 : width - 1] for k, item in scored]
+            )
+            targets = torch.tensor(
+                [token for _, item in scored for token in pairs[item][1]], device=states.device
+            )
+            logp = torch.cat(
+                [
+                    _token_logprobs(
+                        head(states[k : k + _HEAD_POSITIONS]), targets[k : k + _HEAD_POSITIONS]
+                    )
+                    for k in range(0, len(targets), _HEAD_POSITIONS)
+                ]
+            )
+            sums = torch.stack(
+                [part.sum() for part in logp.split([len(pairs[i][1]) for _, i in scored])]
+            )
+            out[[item for _, item in scored]] = sums.cpu()
         return [float(v) for v in out]
 
     def _load_adapter_blocking(self, name: str, path: str, sha256: str = "") -> None:

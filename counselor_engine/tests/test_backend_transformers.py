@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import DynamicCache, StaticCache
 
 from counselor_engine.backends import (
     Backend,
@@ -94,6 +95,30 @@ async def test_it_samples_n_candidates_in_one_generate_call(
     assert calls[0]["num_return_sequences"] == 5
     assert calls[0]["input_ids"].shape[0] == 1  # one prompt, expanded inside generate
     assert len(set(texts)) > 1  # sampled, not copies
+    # The prompt prefilled once into a preallocated cache that holds every new token.
+    cache = calls[0]["cache"]
+    assert isinstance(cache, StaticCache)
+    width = calls[0]["input_ids"].shape[1] + PARAMS.max_new_tokens
+    assert all(layer.keys.shape[0] == 5 and layer.max_cache_len == width for layer in cache.layers)
+
+
+async def test_models_with_other_cache_layers_generate_on_a_dynamic_cache(
+    tiny_backend: TransformersBackend,
+    chat_prompt: list[ChatMessage],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    static = await tiny_backend.generate(chat_prompt, n=4, params=PARAMS)
+    monkeypatch.setattr(tiny_backend, "_prefix_sharing", False)  # e.g. sliding windows
+    calls: list[dict] = []
+    real = tiny_backend.model.generate
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_backend.model, "generate", spy)
+    assert await tiny_backend.generate(chat_prompt, n=4, params=PARAMS) == static
+    assert type(calls[0]["cache"]) is DynamicCache
 
 
 async def test_the_shared_prompt_prefill_changes_no_sample(

@@ -15,11 +15,24 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADER = "# Benchmark results\n\nEach section is rewritten by the benchmark that owns it.\n"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else the machine type: machines lent here differ
+    from day to day (an AMD EPYC one day, an Intel Xeon the next), and absolute times and
+    even which precision is faster change with them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {platform.machine()}"
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def write_section(name: str, body: str) -> None:
     """Replace (or append) the section ``## name`` with ``body``."""
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = (
-        f"## {name}\n\n_Run {stamp} on {platform.machine()}, Python "
+        f"## {name}\n\n_Run {stamp} on {cpu_model()}, Python "
         f"{platform.python_version()}._\n\n{body.strip()}\n\n"
     )
     text = RESULTS.read_text() if RESULTS.exists() else HEADER

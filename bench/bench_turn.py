@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -229,6 +230,7 @@ async def main_async(args: argparse.Namespace) -> None:
     readings: dict[str, list[Readings]] = {arm: [] for arm in names}
     recorded: RecordingBackend | None = None
     bench_start = time.perf_counter()
+    load_start = os.getloadavg()[0]
     await one_turn(backend, args)  # warm-up: the embedder and crisis readers load once
     await one_turn(backend, args, half)
     for rep in range(args.reps):
@@ -267,7 +269,8 @@ async def main_async(args: argparse.Namespace) -> None:
     body = f"""Model `{name}`, one graph-mode turn: N = {args.n} candidates, {args.tokens} new tokens,
 the `{args.evaluator}` evaluator (12 criteria), {args.reps} repetitions of each arm after
 warm-up turns, arms interleaved (each goes first in turn), medians; torch threads = default
-({torch.get_num_threads()}). Bench wall time {time.perf_counter() - bench_start:.0f} s.
+({torch.get_num_threads()}). Bench wall time {time.perf_counter() - bench_start:.0f} s; load average
+{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.
 Both arms delivered the same candidate with the same edges in every repetition: **{same}**.
 
 | measure | before (main when issue 23 was filed) | after (main now) | after / before |

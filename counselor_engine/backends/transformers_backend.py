@@ -69,22 +69,20 @@ _LEAF_PADDING = 0.1
 _HEAD_POSITIONS = 1024
 
 
-def _length_batches(
-    leaves: list[tuple[int, _Context | None]],
-    segment: Callable[[tuple[int, _Context | None]], list[int]],
-) -> list[list[tuple[int, _Context | None]]]:
-    """``leaves`` longest first, cut into batches of at most ``_LEAF_ROWS`` rows whose
-    left padding (to the batch's longest row) is at most ``_LEAF_PADDING`` of its tokens:
-    as large as the padding allows, since bigger matrices run faster per token on CPU."""
-    batches: list[list[tuple[int, _Context | None]]] = []
+def _length_batches(segments: list[list[int]]) -> list[list[int]]:
+    """Indices of ``segments``, longest first, cut into batches of at most ``_LEAF_ROWS``
+    rows whose left padding (to the batch's longest row) is at most ``_LEAF_PADDING`` of
+    its tokens: as large as the padding allows, since bigger matrices run faster per token
+    on CPU."""
+    batches: list[list[int]] = []
     longest = real = 0
-    for leaf in sorted(leaves, key=lambda leaf: -len(segment(leaf))):
-        size = len(segment(leaf))
+    for index in sorted(range(len(segments)), key=lambda k: -len(segments[k])):
+        size = len(segments[index])
         full = not batches or len(batches[-1]) >= _LEAF_ROWS
         if full or real + size < (1 - _LEAF_PADDING) * longest * (len(batches[-1]) + 1):
             batches.append([])
             longest, real = size, 0
-        batches[-1].append(leaf)
+        batches[-1].append(index)
         real += size
     return batches
 
@@ -506,19 +504,15 @@ class TransformersBackend(Backend):
         """
         leaves: list[tuple[int, _Context | None]] = []
         self._prefill(decoder, prefix_tree(prompts), None, leaves)
-
-        def segment(leaf: tuple[int, _Context | None]) -> list[int]:
-            item, context = leaf
-            return rows[item][0 if context is None else context[3] :]
-
-        whole = [leaf for leaf in leaves if leaf[1] is None]
-        continued = [leaf for leaf in leaves if leaf[1] is not None]
-        for batch in [*_length_batches(whole, segment), *_length_batches(continued, segment)]:
-            cache, past_mask, past_length = self._stack_contexts([c for _, c in batch])
-            inputs, _ = self._segment_inputs(
-                [segment(leaf) for leaf in batch], cache, past_mask, past_length
-            )
-            yield [item for item, _ in batch], decoder(**inputs).last_hidden_state
+        # Whole prompts and continued contexts batch apart (a batch has a cache or none).
+        for group in ([lf for lf in leaves if lf[1] is None], [lf for lf in leaves if lf[1]]):
+            segments = [rows[item][0 if ctx is None else ctx[3] :] for item, ctx in group]
+            for batch in _length_batches(segments):
+                cache, past_mask, past_length = self._stack_contexts([group[k][1] for k in batch])
+                inputs, _ = self._segment_inputs(
+                    [segments[k] for k in batch], cache, past_mask, past_length
+                )
+                yield [group[k][0] for k in batch], decoder(**inputs).last_hidden_state
 
     def _prefill(
         self,

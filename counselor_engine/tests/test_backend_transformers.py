@@ -76,19 +76,25 @@ def test_it_never_inserts_a_system_prompt(tiny_backend: TransformersBackend) -> 
 # -- generate -------------------------------------------------------------------------------
 
 
+def _spy_generate(backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Records the keyword arguments of every ``model.generate`` call."""
+    calls: list[dict] = []
+    real = backend.model.generate
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend.model, "generate", spy)
+    return calls
+
+
 async def test_it_samples_n_candidates_in_one_generate_call(
     tiny_backend: TransformersBackend,
     chat_prompt: list[ChatMessage],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls: list[dict] = []
-    real = tiny_backend.model.generate
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tiny_backend.model, "generate", spy)
+    calls = _spy_generate(tiny_backend, monkeypatch)
     texts = await tiny_backend.generate(chat_prompt, n=5, params=PARAMS)
     assert len(texts) == 5 and all(isinstance(t, str) for t in texts)
     assert len(calls) == 1
@@ -109,14 +115,7 @@ async def test_models_with_other_cache_layers_generate_on_a_dynamic_cache(
 ) -> None:
     static = await tiny_backend.generate(chat_prompt, n=4, params=PARAMS)
     monkeypatch.setattr(tiny_backend, "_prefix_sharing", False)  # e.g. sliding windows
-    calls: list[dict] = []
-    real = tiny_backend.model.generate
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tiny_backend.model, "generate", spy)
+    calls = _spy_generate(tiny_backend, monkeypatch)
     assert await tiny_backend.generate(chat_prompt, n=4, params=PARAMS) == static
     assert type(calls[0]["cache"]) is DynamicCache
 

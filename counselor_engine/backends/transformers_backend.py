@@ -13,6 +13,11 @@ Blocking torch work runs in a worker thread (``asyncio.to_thread``) behind a gat
 admits ``max_concurrency`` calls at once, but only calls that agree on the adapter: the
 active peft adapter is state of the one shared model, so a call for another adapter
 waits until the model is free.
+
+A call whose caller goes away (the turn superseded by a crisis, the session ended, the
+backend timeout, the model process told to cancel) stops its torch work: ``generate`` at
+its next step, scoring before its next batch. Without that, an abandoned graph-mode reply
+kept both cores busy for minutes in a measured browser session, ahead of the next turn.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import contextlib
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import (
@@ -166,8 +171,30 @@ class _RowZeroStreamer(BaseStreamer):
             self._on_text(delta)
 
 
+class _CallCancelled(Exception):
+    """Raised inside a worker thread whose call was cancelled (see :func:`_check_cancelled`)."""
+
+
+_T = TypeVar("_T")
+
+# The cancel event of the call the current worker thread runs (:meth:`_in_thread`).
+_current = threading.local()
+
+
+def _cancel_event() -> threading.Event | None:
+    return getattr(_current, "cancel", None)
+
+
+def _check_cancelled() -> None:
+    """Between two pieces of torch work: stop if this thread's call was cancelled."""
+    event = _cancel_event()
+    if event is not None and event.is_set():
+        raise _CallCancelled
+
+
 class _Cancelled(StoppingCriteria):
-    """Stops ``generate`` early once the stream's consumer has gone away."""
+    """Stops ``generate`` early once its call is cancelled (a stream's consumer gone, or
+    the caller of a plain call)."""
 
     def __init__(self, event: threading.Event) -> None:
         self._event = event
@@ -285,7 +312,7 @@ class TransformersBackend(Backend):
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
     ) -> list[str]:
         self._check_adapter(adapter)
-        return await asyncio.to_thread(self._generate_blocking, prompt, n, params, adapter, None)
+        return await self._in_thread(self._generate_blocking, prompt, n, params, adapter, None)
 
     async def generate_stream(
         self, prompt: Prompt, *, n: int, params: GenerationParams, adapter: str | None = None
@@ -306,11 +333,14 @@ class TransformersBackend(Backend):
             streamer = _RowZeroStreamer(
                 self._tokenizer, self._eos_ids, lambda text: emit(StreamDelta(0, text))
             )
+            _current.cancel = cancel
             try:
-                texts = self._generate_blocking(prompt, n, params, adapter, (streamer, cancel))
+                texts = self._generate_blocking(prompt, n, params, adapter, streamer)
                 emit(StreamDone(texts))
             except BaseException as exc:  # forwarded to the consumer, re-raised there
                 emit(exc)
+            finally:
+                _current.cancel = None
 
         worker = asyncio.ensure_future(asyncio.to_thread(work))
         try:
@@ -334,7 +364,7 @@ class TransformersBackend(Backend):
         choice_ids = self._choice_token_ids(choices)
         if not prompts:
             return []
-        return await asyncio.to_thread(self._choice_blocking, list(prompts), choice_ids, adapter)
+        return await self._in_thread(self._choice_blocking, list(prompts), choice_ids, adapter)
 
     async def sequence_logprobs(
         self, prompts: Sequence[Prompt], responses: Sequence[str], *, adapter: str | None = None
@@ -344,7 +374,7 @@ class TransformersBackend(Backend):
             raise ValueError("prompts and responses differ in length")
         if not prompts:
             return []
-        return await asyncio.to_thread(
+        return await self._in_thread(
             self._logprobs_blocking, list(prompts), list(responses), adapter
         )
 
@@ -362,7 +392,7 @@ class TransformersBackend(Backend):
         n: int,
         params: GenerationParams,
         adapter: str | None,
-        stream: tuple[_RowZeroStreamer, threading.Event] | None,
+        streamer: _RowZeroStreamer | None,
     ) -> list[str]:
         if n < 1:
             raise ValueError("n must be >= 1")
@@ -381,9 +411,10 @@ class TransformersBackend(Backend):
         }
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
-        if stream is not None:
-            kwargs["streamer"] = stream[0]
-            kwargs["stopping_criteria"] = [_Cancelled(stream[1])]
+        if streamer is not None:
+            kwargs["streamer"] = streamer
+        if (cancel := _cancel_event()) is not None:
+            kwargs["stopping_criteria"] = [_Cancelled(cancel)]
         # A seeded call must not interleave with other sampling on the global torch RNG.
         with (
             self._use(adapter, exclusive=params.seed is not None),
@@ -508,6 +539,7 @@ class TransformersBackend(Backend):
         for group in ([lf for lf in leaves if lf[1] is None], [lf for lf in leaves if lf[1]]):
             segments = [rows[item][0 if ctx is None else ctx[3] :] for item, ctx in group]
             for batch in _length_batches(segments):
+                _check_cancelled()
                 cache, past_mask, past_length = self._stack_contexts([group[k][1] for k in batch])
                 inputs, _ = self._segment_inputs(
                     [segments[k] for k in batch], cache, past_mask, past_length
@@ -528,6 +560,7 @@ class TransformersBackend(Backend):
         nodes = [item for item in items if isinstance(item, PrefixNode)]
         if not nodes:
             return
+        _check_cancelled()
         length = 0 if context is None else context[3]
         if context is None:
             cache = DynamicCache(config=self._model.config)
@@ -756,6 +789,32 @@ class TransformersBackend(Backend):
 
     # -- helpers --------------------------------------------------------------------------
 
+    @staticmethod
+    async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` in a worker thread that stops when this call is cancelled.
+
+        Cancelling the awaiting task sets the call's event; the thread sees it at its next
+        check (a generation step, a scoring batch, the gate) and the cancellation is
+        re-raised once the thread has stopped, so the model is free when this returns.
+        """
+        cancel = threading.Event()
+
+        def run() -> _T:
+            _current.cancel = cancel
+            try:
+                return fn(*args)
+            finally:
+                _current.cancel = None
+
+        worker = asyncio.ensure_future(asyncio.to_thread(run))
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            cancel.set()
+            with contextlib.suppress(BaseException):
+                await worker
+            raise
+
     def _check_adapter(self, adapter: str | None) -> None:
         if adapter is not None and adapter not in self._adapters:
             raise BackendError(f"unknown adapter {adapter!r}; load it first")
@@ -764,6 +823,7 @@ class TransformersBackend(Backend):
     def _use(self, adapter: str | None, *, exclusive: bool = False) -> Iterator[None]:
         """Hold the model for one call, set up for ``adapter``."""
         with self._gate.hold(adapter, exclusive=exclusive):
+            _check_cancelled()  # cancelled while it waited for the model
             self._activate(adapter)
             yield
 

@@ -30,7 +30,7 @@ from webapp.accounts.models import User
 from webapp.accounts.socket_auth import login_still_valid
 from webapp.counseling import services, turns
 from webapp.counseling.models import Session, Turn
-from webapp.counseling.turns import redis_client, reply_key
+from webapp.counseling.turns import redis_client, reply_key, reply_view_key
 from webapp.lib import audit, frames
 from webapp.lib.groups import session_group
 from webapp.oversight.console import review_consented
@@ -56,6 +56,9 @@ RESYNC_DOWN = (
 
 # Turn seqs are PostgreSQL integers; a larger resync point would fail the query.
 MAX_SEQ = 2**31 - 1
+# How long the last reply-in-progress frames are kept for tabs that open meanwhile: longer
+# than any step of a judged reply without a progress event (a whole generate call).
+WRITING_VIEW_SECONDS = 900
 
 
 def resync_point(after: Any) -> int | None:
@@ -256,7 +259,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             try:
                 await self._resync(data.get("after_seq"))
             except DatabaseError as exc:  # PostgreSQL went away mid-resync: say so, stay open
-                log.warning("session %s: resync failed, database unavailable: %s", self.session_id, exc)
+                log.warning(
+                    "session %s: resync failed, database unavailable: %s", self.session_id, exc
+                )
                 await self.send(frames.error_frame(-1, *RESYNC_DOWN))
         elif kind in ("message", "retry"):
             # Never "busy": the turn API stores it at once and answers it in order.
@@ -275,21 +280,31 @@ class SessionConsumer(AsyncWebsocketConsumer):
         for turn in stored:
             await self.send(frames.turn_frame(turn))
         await self.send(frames.control_frame(-1, paused=paused, clinician_present=False))
-        await self._offer_interrupted_reply(paused)
+        await self._show_reply_in_progress(paused)
 
-    async def _offer_interrupted_reply(self, paused: bool) -> None:
-        """The session's last turn is a client message with no reply, and no server is
-        writing one (its process died mid-reply): offer "Try again" instead of silence."""
-        if paused or self.role != "client":
-            return
+    async def _show_reply_in_progress(self, paused: bool) -> None:
+        """The session's last turn is a client message with no reply. While a server is
+        writing it, show this tab what the others show (the writing bubble and the latest
+        status or progress): a page opened or reloaded mid-reply otherwise sat silent until
+        the reply landed, minutes for a judged reply on a CPU. When no server is writing
+        it (its process died mid-reply), offer "Try again" instead of silence.
+
+        In ``stream_first`` the bubble fills from the next streamed sentence on; the whole
+        reply replaces it when it lands."""
         last = await self._last_turn()
-        if last is None or last.role != Turn.Role.CLIENT or not last.client_msg_id:
+        if last is None or last.role != Turn.Role.CLIENT:
             return
         try:
-            if await redis_client().exists(reply_key(self.session_id)):
+            redis = redis_client()
+            if await redis.exists(reply_key(self.session_id)):
+                view = await redis.get(reply_view_key(self.session_id))
+                if view:
+                    await self.send(view.decode() if isinstance(view, bytes) else str(view))
                 return  # a reply is being written (on this server or another)
         except Exception as exc:
             log.warning("reply lock unavailable (Redis): %s", exc)
+        if paused or self.role != "client" or not last.client_msg_id:
+            return
         await self.send(
             frames.error_frame(
                 last.seq,
@@ -397,21 +412,25 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 frames.control_frame(event.seq, paused=True, clinician_present=True)
             )
         elif isinstance(event, turns.Writing):
-            await self._broadcast(
+            await self._show_writing(
                 frames.pending_frame(event.seq)
                 + frames.status_frame(event.seq, "The counselor is writing…", busy=True)
             )
         elif isinstance(event, turns.Progress):
-            await self._broadcast(
-                frames.progress_frame(event.seq, event.stage, event.done, event.total)
+            await self._show_writing(
+                frames.pending_frame(event.seq)
+                + frames.progress_frame(event.seq, event.stage, event.done, event.total),
+                broadcast=frames.progress_frame(event.seq, event.stage, event.done, event.total),
             )
         elif isinstance(event, turns.Token):
             await self._broadcast(frames.token_frame(event.seq, event.index, event.text))
         elif isinstance(event, turns.Replied):
+            await self._forget_writing()
             await self._broadcast(
                 frames.turn_frame(event.turn) + frames.status_frame(event.turn.seq, "")
             )
         elif isinstance(event, turns.Failed):
+            await self._forget_writing()
             await self._broadcast(
                 frames.clear_pending_frame()
                 + frames.error_frame(
@@ -419,7 +438,25 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 )
             )
         elif isinstance(event, turns.Withdrawn):
+            await self._forget_writing()
             await self._broadcast(frames.clear_pending_frame() + frames.status_frame(event.seq, ""))
+
+    async def _show_writing(self, view: str, *, broadcast: str | None = None) -> None:
+        """Send the reply-in-progress frames to every tab (``broadcast``, else ``view``) and
+        keep ``view`` for a tab that opens or reloads before the reply lands (see
+        :meth:`_show_reply_in_progress`). Kept for ``WRITING_VIEW_SECONDS`` at most: it is
+        only ever shown while the session's reply mark says a reply is being written."""
+        await self._broadcast(view if broadcast is None else broadcast)
+        try:
+            await redis_client().set(reply_view_key(self.session_id), view, ex=WRITING_VIEW_SECONDS)
+        except Exception as exc:  # Redis away: only a reloading tab misses the bubble
+            log.warning("session %s: reply view not kept: %s", self.session_id, exc)
+
+    async def _forget_writing(self) -> None:
+        try:
+            await redis_client().delete(reply_view_key(self.session_id))
+        except Exception as exc:  # the reply mark is gone too, so it is never shown
+            log.warning("session %s: reply view not cleared: %s", self.session_id, exc)
 
     async def _broadcast(self, frame: str) -> None:
         """Send a frame to every tab of the session.

@@ -266,6 +266,12 @@ def reply_key(session_id: int) -> str:
     return f"psyevo:reply:{session_id}"
 
 
+def reply_view_key(session_id: int) -> str:
+    """What the session's tabs last showed of the reply being written (the writing bubble
+    and the latest status or progress line), for a tab that opens or reloads meanwhile."""
+    return f"psyevo:reply-view:{session_id}"
+
+
 class ReplyLock:
     """Marks "a reply is being written" for a session, across processes.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -608,3 +609,34 @@ async def test_an_engine_that_cannot_be_rebuilt_still_gives_the_safe_reply(
     assert (await _wait_for_flag(session)).level == "crisis"
     assert [r[1] for r in await transcript(session)] == ["client", "client", "counselor"]
     await comm.disconnect()
+
+
+async def test_a_tab_opened_or_reloaded_mid_reply_shows_the_reply_being_written(held_model):  # type: ignore[no-untyped-def]
+    """Seen in a browser: a page reloaded while a judged reply was written showed nothing
+    until the reply landed (minutes on a CPU). Its resync now gets what the other tabs
+    show: the writing bubble and the latest status, never "Try again" for a live reply."""
+    profile, session = await sync_to_async(_client)()
+    [tab1] = await _tabs(profile, session, 1)
+    await send(tab1, type="message", text="I feel anxious about work", client_msg_id="a1")
+    await frames_until(tab1, WRITING)
+    await asyncio.wait_for(held_model.started.wait(), 10)
+
+    [reloaded] = await _tabs(profile, session, 1)
+    await send(reloaded, type="resync", after_seq=0)  # its page was rendered with the message
+    seen = await frames_for(reloaded, 1.0)
+    assert any(WRITING in f for f in seen), seen
+    assert any(re.search(r'class="status busy"[^>]*>\S', f) for f in seen), seen
+    assert not any("reply_interrupted" in f for f in seen)
+
+    held_model.release.set()
+    landed = await frames_until(reloaded, DONE, wait=60)
+    assert len(turn_texts(landed, "counselor")) == 1
+    for comm in (tab1, reloaded):
+        await comm.disconnect()
+    # Once the reply is stored, a new tab is shown no bubble.
+    [later] = await _tabs(profile, session, 1)
+    await send(later, type="resync", after_seq=-1)
+    after = await frames_for(later, 1.0)
+    assert len(turn_texts(after, "counselor")) == 1
+    assert not any(WRITING in f for f in after)
+    await later.disconnect()

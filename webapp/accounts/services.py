@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
 
 from webapp.accounts.models import ClientProfile, Modality, Role, User
@@ -20,9 +21,13 @@ def create_account(
     password: str,
     modality: str | None = None,
     clinician: str | None = None,
+    email: str = "",
     validate: bool = True,
 ) -> User:
-    """Create a user (and, for a client, the profile) atomically, or nothing at all."""
+    """Create a user (and, for a client, the profile) atomically, or nothing at all.
+
+    ``email`` is where crisis alerts reach a clinician (and an escalated one); a clinician
+    without one gets the alerts on the dashboard only, which it then says."""
     if role not in Role.values:
         raise AccountError(f"unknown role {role!r}; choose one of {', '.join(Role.values)}")
     if not username.strip():
@@ -40,9 +45,15 @@ def create_account(
         clinician_user = User.objects.filter(username=clinician, role=Role.CLINICIAN).first()
         if clinician_user is None:
             raise AccountError(f"no clinician named {clinician!r}")
+    email = email.strip()
+    if email:
+        try:
+            validate_email(email)
+        except ValidationError:
+            raise AccountError(f"not an e-mail address: {email!r}") from None
     if User.objects.filter(username=username).exists():
         raise AccountError(f"a user named {username!r} already exists")
-    user = User(username=username, role=role)
+    user = User(username=username, role=role, email=email)
     if validate:
         try:
             validate_password(password, user)

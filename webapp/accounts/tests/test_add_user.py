@@ -43,12 +43,27 @@ def test_it_creates_an_admin_who_can_use_the_django_admin(password):  # type: ig
         (["x", "--role", "client", "--modality", "astrology"], "unknown modality 'astrology'"),
         (["x", "--role", "client", "--clinician", "nobody"], "no clinician named 'nobody'"),
         (["x", "--role", "clinician", "--modality", "cbt"], "apply to clients only"),
+        (["x", "--role", "clinician", "--email", "dr at clinic"], "not an e-mail address"),
     ],
 )
 def test_it_rejects_bad_input_and_creates_nothing(password, argv, message):  # type: ignore[no-untyped-def]
     with pytest.raises(CommandError, match=message):
         call_command("add_user", *argv)
     assert not User.objects.filter(username="x").exists()
+
+
+def test_a_clinicians_email_is_where_crisis_alerts_go(password, capsys):  # type: ignore[no-untyped-def]
+    call_command("add_user", "drm", "--role", "clinician", "--email", " drm@clinic.example ")
+    assert User.objects.get(username="drm").email == "drm@clinic.example"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_clinician_without_email_is_warned_about_alerts(password, capsys):  # type: ignore[no-untyped-def]
+    call_command("add_user", "drn", "--role", "clinician")
+    assert User.objects.get(username="drn").email == ""
+    assert "no e-mail address: crisis alerts reach them on the dashboard only" in (
+        capsys.readouterr().err
+    )
 
 
 def test_it_rejects_a_weak_password(monkeypatch):  # type: ignore[no-untyped-def]
@@ -93,6 +108,12 @@ def test_it_seeds_demo_accounts_with_printed_passwords(capsys):  # type: ignore[
         user = User.objects.get(username=username)
         assert user.role == role and user.check_password(password)
     assert len({p.modality for p in ClientProfile.objects.all()}) >= 3
+    # Demo crisis alerts are "sent" (printed in DEBUG), not shown as failed.
+    clinicians = User.objects.filter(role="clinician")
+    assert sorted(c.email for c in clinicians) == [
+        f"{c.username}@clinic.example" for c in clinicians.order_by("email")
+    ]
+    assert not User.objects.exclude(role="clinician").exclude(email="").exists()
     for profile in ClientProfile.objects.all():  # agreeing is each person's own act
         assert not any(profile.consent_state().values())
     with pytest.raises(CommandError, match="already exist"):

@@ -92,7 +92,9 @@ async def test_a_clinician_writing_in_a_live_session_is_not_idle(tiny_engine, se
     comm, key = await _open(profile.clinician, f"/ws/sessions/{session.pk}/")
     await sync_to_async(_set_last_seen)(key, time.time() - 50)
     await comm.send_to(
-        text_data=json.dumps({"type": "message", "text": "I am here with you", "client_msg_id": "c1"})
+        text_data=json.dumps(
+            {"type": "message", "text": "I am here with you", "client_msg_id": "c1"}
+        )
     )
     await frames_until(comm, r'class="turn turn-clinician"')
     seen = await sync_to_async(lambda: SessionStore(session_key=key).load()[LAST_SEEN_KEY])()
@@ -117,7 +119,8 @@ async def test_withdrawn_review_consent_refuses_and_closes_the_clinicians_sessio
 
 
 async def test_the_recheck_survives_a_database_error_and_still_closes_after_logout(
-    tiny_engine, monkeypatch,
+    tiny_engine,
+    monkeypatch,
 ):  # type: ignore[no-untyped-def]
     profile, session = await sync_to_async(_client_session)()
     comm, key = await _open(profile.user, f"/ws/sessions/{session.pk}/")

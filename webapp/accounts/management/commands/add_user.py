@@ -1,4 +1,5 @@
-"""manage.py add_user USERNAME --role client|clinician|admin [--modality cbt] [--clinician NAME]"""
+"""manage.py add_user USERNAME --role client|clinician|admin [--email ADDRESS]
+[--modality cbt] [--clinician NAME]"""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("--role", required=True, help=f"one of {', '.join(Role.values)}")
         parser.add_argument("--modality", help=f"clients only: {', '.join(Modality.values)}")
         parser.add_argument("--clinician", help="clients only: username of the assigned clinician")
+        parser.add_argument(
+            "--email", default="", help="where crisis alerts reach a clinician by e-mail"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         password = os.environ.get("NEW_USER_PASSWORD")
@@ -36,10 +40,16 @@ class Command(BaseCommand):
                 password=password,
                 modality=options["modality"],
                 clinician=options["clinician"],
+                email=options["email"],
             )
         except AccountError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"created {user.role} {user.username}")
+        if user.role == Role.CLINICIAN and not user.email:
+            self.stderr.write(
+                f"warning: {user.username} has no e-mail address: crisis alerts reach them on "
+                "the dashboard only (add one with --email, or in the Django admin)"
+            )
 
     @staticmethod
     def stdin_is_tty() -> bool:

@@ -3,6 +3,10 @@
 One admin, two clinicians and four clients across modalities. Passwords are generated
 here and never stored anywhere but as hashes, so none can leak from the repository.
 
+The demo clinicians get addresses at ``clinic.example`` (a domain reserved for examples):
+in DEBUG the e-mail backend prints messages, so a demo crisis shows its alert e-mail in
+``bin/up``'s output, as a clinic's would be sent, instead of a failed-alert banner.
+
 The demo clients are given no consent: agreeing to counseling, memory, training and
 clinician review is each person's own act on "My choices", and a newcomer trying the
 product should meet that page exactly as a client would.
@@ -58,8 +62,14 @@ class Command(BaseCommand):
         with transaction.atomic():
             for username, role, modality, clinician in DEMO:
                 password = secrets.token_urlsafe(12)
+                email = f"{username}@clinic.example" if role == Role.CLINICIAN else ""
                 create_account(
-                    username, role=role, password=password, modality=modality, clinician=clinician
+                    username,
+                    role=role,
+                    password=password,
+                    modality=modality,
+                    clinician=clinician,
+                    email=email,
                 )
                 lines.append(f"{role} {username} {password}")
         self.stdout.write("\n".join(lines))

@@ -100,7 +100,10 @@ def test_micro_batching_gives_the_same_update_as_one_batch(tiny_model_dir):  # t
     (one, stats_one, passes_one), (many, stats_many, passes_many) = states
     assert (passes_one, passes_many) == (1, 5)
     assert stats_one[1].loss == pytest.approx(stats_many[1].loss, rel=1e-4)
-    assert all(torch.allclose(one[k], many[k], atol=1e-6) for k in one)
+    # Equal to float32 rounding of the accumulated gradients: at most 2.2e-6 apart on an AMD
+    # EPYC Zen 3 (AVX2), under 1e-6 on Zen 4 and Xeon; a lost or doubled micro-batch moves
+    # weights by the order of one Adam step (learning rate 5e-3).
+    assert all(torch.allclose(one[k], many[k], atol=1e-5) for k in one)
 
 
 def test_plans_sort_by_length_to_avoid_padding(tiny_model_dir):  # type: ignore[no-untyped-def]

@@ -164,6 +164,7 @@ def test_every_page_role_sees_works_under_a_strict_csp(client) -> None:  # type:
     ]
     pages += [(profile.clinician, reverse("clinician_home")), (AdminFactory(), "/console/")]
     pages += [(ClinicianFactory(), "/adapters/")]
+    icons: set[str] = set()
     for user, url in pages:
         client.logout()
         if user is not None:
@@ -176,3 +177,10 @@ def test_every_page_role_sees_works_under_a_strict_csp(client) -> None:  # type:
         for pattern, what in INLINE:
             match = pattern.search(body)
             assert match is None, f"{url}: {what}: {match.group(0) if match else ''}"
+        # Its own icon, so the browser does not ask for /favicon.ico (a 404 on every page).
+        icon = re.search(r'<link rel="icon" href="([^"]+)"', body)
+        assert icon is not None, url
+        icons.add(icon.group(1))
+    for href in icons:
+        served = client.get(href)
+        assert served.status_code == 200 and b"<svg" in b"".join(served), href

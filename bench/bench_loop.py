@@ -123,7 +123,9 @@ def loop_settings(plan: LoopPlan, workdir: Path) -> dict[str, Any]:
         "PSYEVO_MAX_NEW_TOKENS": plan.max_new_tokens,
         "ADAPTER_DIR": workdir / "adapters",
         "SIMULATION_REPORT_DIR": workdir / "reports",
-        "LIPO": replace(settings.LIPO, **{**plan.lipo, "queue": f"training-loop-{uuid.uuid4().hex}"}),
+        "LIPO": replace(
+            settings.LIPO, **{**plan.lipo, "queue": f"training-loop-{uuid.uuid4().hex}"}
+        ),
     }
 
 

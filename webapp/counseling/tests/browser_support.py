@@ -155,7 +155,11 @@ def run_daphne(env: Mapping[str, str], log_path: Path) -> Iterator[LiveServer]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(b"")
     server = LiveServer(
-        f"http://127.0.0.1:{port}", None, log_path, command, full_env  # type: ignore[arg-type]
+        f"http://127.0.0.1:{port}",
+        None,
+        log_path,
+        command,
+        full_env,  # type: ignore[arg-type]
     )
     try:
         server.start()

@@ -328,9 +328,7 @@ def client_turns(session_id: int, text: str) -> int:
     return sum(turn.text == text for turn in turns)
 
 
-def test_typed_text_survives_a_reload_and_a_server_crash_and_is_stored_once(
-    tiny_server, browser
-):  # type: ignore[no-untyped-def]
+def test_typed_text_survives_a_reload_and_a_server_crash_and_is_stored_once(tiny_server, browser):  # type: ignore[no-untyped-def]
     page, session_id = open_chat(tiny_server.url, browser)
     box = page.get_by_label("Message")
 
@@ -419,9 +417,7 @@ def test_a_message_sent_while_storage_is_down_stays_in_the_box_and_is_stored_onc
     expect(box).to_have_value(text)  # not stored yet: the words stay with the person
 
     database_switch.up()
-    expect(page.locator("#transcript .turn-client .text").last).to_have_text(
-        text, timeout=WAIT_MS
-    )
+    expect(page.locator("#transcript .turn-client .text").last).to_have_text(text, timeout=WAIT_MS)
     expect(box).to_have_value("")
     expect(page.locator("#transcript .turn-counselor")).to_have_count(1, timeout=WAIT_MS)
     page.get_by_role("button", name="Send", exact=True).click()  # an empty box sends nothing

@@ -139,9 +139,9 @@ def stop_rounds_using(client: User) -> list[dict[str, Any]]:
     versions = [r.output_version_id for r in runs if r.output_version_id is not None]
     list(AdapterVersion.objects.select_for_update().filter(pk__in=versions).order_by("pk"))
     mine = list(
-        CandidateGroup.objects.select_for_update().filter(client=client).values_list(
-            "pk", "lease_run_id"
-        )
+        CandidateGroup.objects.select_for_update()
+        .filter(client=client)
+        .values_list("pk", "lease_run_id")
     )
     pks = {pk for pk, _ in mine}
     leased = {run for _, run in mine if run is not None}
@@ -191,7 +191,9 @@ def scrub_username_elsewhere(client: User, former: str) -> dict[str, int]:
 
     shell = f"erased-{client.pk}"
     counts = {
-        "login records (name removed)": AccessLog.objects.filter(username=former).update(username=shell)
+        "login records (name removed)": AccessLog.objects.filter(username=former).update(
+            username=shell
+        )
         + AccessFailureLog.objects.filter(username=former).update(username=shell)
         + AccessAttempt.objects.filter(username=former).update(
             username=shell, get_data="", post_data=""

@@ -62,9 +62,7 @@ def test_without_memory_consent_no_recap_is_stored_and_no_memory_reaches_a_promp
     assert [i.text for i in services.client_state(session).memory.active()] == [
         "Has a dog called Max"
     ]
-    assert [m.text for m in memory_services.save_recap(session, [recap_draft("Work")])] == [
-        "Work"
-    ]
+    assert [m.text for m in memory_services.save_recap(session, [recap_draft("Work")])] == ["Work"]
 
 
 # -- clinician review -------------------------------------------------------------------
@@ -77,7 +75,10 @@ def test_without_review_consent_the_transcript_and_live_pages_are_refused(client
     choose(client, profile, clinician_review=False)
     client.force_login(profile.clinician)
 
-    for url in (reverse("session_review", args=[ended.pk]), reverse("live_session", args=[live.pk])):
+    for url in (
+        reverse("session_review", args=[ended.pk]),
+        reverse("live_session", args=[live.pk]),
+    ):
         page = client.get(url)
         assert page.status_code == 403, url
         body = page.content.decode()
@@ -88,7 +89,9 @@ def test_without_review_consent_the_transcript_and_live_pages_are_refused(client
 
     choose(client, profile)  # given again: the pages open
     client.force_login(profile.clinician)
-    assert "PRIVATE-words" in client.get(reverse("session_review", args=[ended.pk])).content.decode()
+    assert (
+        "PRIVATE-words" in client.get(reverse("session_review", args=[ended.pk])).content.decode()
+    )
 
 
 def test_without_review_consent_the_clinician_cannot_read_or_change_memory(client):  # type: ignore[no-untyped-def]
@@ -158,7 +161,9 @@ def test_withdrawing_training_consent_takes_unclaimed_evidence_out_at_once(clien
         ConsentRecord.objects.create(profile=profile, purpose=purpose, granted=True)
     reserved = groups[2]  # a round holds this one already
     run = TrainingRun.objects.create(status="running", batch=[reserved.pk])
-    CandidateGroup.objects.filter(pk=reserved.pk).update(buffer_status=Buffer.RESERVED, lease_run=run)
+    CandidateGroup.objects.filter(pk=reserved.pk).update(
+        buffer_status=Buffer.RESERVED, lease_run=run
+    )
 
     choose(client, profile, training=False)
 

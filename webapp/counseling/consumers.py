@@ -425,21 +425,23 @@ class SessionConsumer(AsyncWebsocketConsumer):
         elif isinstance(event, turns.Token):
             await self._broadcast(frames.token_frame(event.seq, event.index, event.text))
         elif isinstance(event, turns.Replied):
-            await self._forget_writing()
+            # The frames first, the kept view after: a safe reply never waits on Redis
+            # (a resync in between finds the reply stored and shows no view).
             await self._broadcast(
                 frames.turn_frame(event.turn) + frames.status_frame(event.turn.seq, "")
             )
-        elif isinstance(event, turns.Failed):
             await self._forget_writing()
+        elif isinstance(event, turns.Failed):
             await self._broadcast(
                 frames.clear_pending_frame()
                 + frames.error_frame(
                     event.seq, event.code, event.message, retry_msg_id=event.retry_msg_id
                 )
             )
-        elif isinstance(event, turns.Withdrawn):
             await self._forget_writing()
+        elif isinstance(event, turns.Withdrawn):
             await self._broadcast(frames.clear_pending_frame() + frames.status_frame(event.seq, ""))
+            await self._forget_writing()
 
     async def _show_writing(self, view: str, *, broadcast: str | None = None) -> None:
         """Send the reply-in-progress frames to every tab (``broadcast``, else ``view``) and

@@ -640,3 +640,31 @@ async def test_a_tab_opened_or_reloaded_mid_reply_shows_the_reply_being_written(
     assert len(turn_texts(after, "counselor")) == 1
     assert not any(WRITING in f for f in after)
     await later.disconnect()
+
+
+async def test_the_safe_reply_never_waits_on_the_kept_writing_view(tiny_engine, monkeypatch):  # type: ignore[no-untyped-def]
+    """Clearing the Redis-kept "writing" view (a Redis call that can take seconds when
+    Redis hangs) comes after the reply's frames: here it never returns, and the crisis
+    reply still reaches the tab."""
+    from webapp.counseling.consumers import SessionConsumer
+
+    never = asyncio.Event()
+    cleared: list[int] = []
+
+    async def hanging(self):  # type: ignore[no-untyped-def]
+        cleared.append(self.session_id)
+        await never.wait()
+
+    monkeypatch.setattr(SessionConsumer, "_forget_writing", hanging)
+    profile, session = await sync_to_async(_client)()
+    (comm,) = await _tabs(profile, session, 1)
+    await send(comm, type="message", text=CRISIS, client_msg_id="c1")
+    frames = await frames_until(comm, DONE, wait=10)
+    assert "988" in turn_texts(frames, "counselor")[0]
+    for _ in range(200):  # the clearing follows the frames (to the group too)
+        if cleared:
+            break
+        await asyncio.sleep(0.05)
+    assert cleared == [session.pk]
+    never.set()
+    await comm.disconnect()

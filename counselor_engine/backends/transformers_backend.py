@@ -185,6 +185,16 @@ def _cancel_event() -> threading.Event | None:
     return getattr(_current, "cancel", None)
 
 
+@contextlib.contextmanager
+def _cancelled_by(event: threading.Event) -> Iterator[None]:
+    """Within it, this worker thread's torch work stops once ``event`` is set."""
+    _current.cancel = event
+    try:
+        yield
+    finally:
+        _current.cancel = None
+
+
 def _check_cancelled() -> None:
     """Between two pieces of torch work: stop if this thread's call was cancelled."""
     event = _cancel_event()
@@ -333,14 +343,12 @@ class TransformersBackend(Backend):
             streamer = _RowZeroStreamer(
                 self._tokenizer, self._eos_ids, lambda text: emit(StreamDelta(0, text))
             )
-            _current.cancel = cancel
             try:
-                texts = self._generate_blocking(prompt, n, params, adapter, streamer)
+                with _cancelled_by(cancel):
+                    texts = self._generate_blocking(prompt, n, params, adapter, streamer)
                 emit(StreamDone(texts))
             except BaseException as exc:  # forwarded to the consumer, re-raised there
                 emit(exc)
-            finally:
-                _current.cancel = None
 
         worker = asyncio.ensure_future(asyncio.to_thread(work))
         try:
@@ -800,11 +808,8 @@ class TransformersBackend(Backend):
         cancel = threading.Event()
 
         def run() -> _T:
-            _current.cancel = cancel
-            try:
+            with _cancelled_by(cancel):
                 return fn(*args)
-            finally:
-                _current.cancel = None
 
         worker = asyncio.ensure_future(asyncio.to_thread(run))
         try:

@@ -412,16 +412,15 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 frames.control_frame(event.seq, paused=True, clinician_present=True)
             )
         elif isinstance(event, turns.Writing):
-            await self._show_writing(
-                frames.pending_frame(event.seq)
-                + frames.status_frame(event.seq, "The counselor is writing…", busy=True)
+            writing = frames.pending_frame(event.seq) + frames.status_frame(
+                event.seq, "The counselor is writing…", busy=True
             )
+            await self._broadcast(writing)
+            await self._keep_writing(writing)
         elif isinstance(event, turns.Progress):
-            await self._show_writing(
-                frames.pending_frame(event.seq)
-                + frames.progress_frame(event.seq, event.stage, event.done, event.total),
-                broadcast=frames.progress_frame(event.seq, event.stage, event.done, event.total),
-            )
+            progress = frames.progress_frame(event.seq, event.stage, event.done, event.total)
+            await self._broadcast(progress)
+            await self._keep_writing(frames.pending_frame(event.seq) + progress)
         elif isinstance(event, turns.Token):
             await self._broadcast(frames.token_frame(event.seq, event.index, event.text))
         elif isinstance(event, turns.Replied):
@@ -443,12 +442,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._broadcast(frames.clear_pending_frame() + frames.status_frame(event.seq, ""))
             await self._forget_writing()
 
-    async def _show_writing(self, view: str, *, broadcast: str | None = None) -> None:
-        """Send the reply-in-progress frames to every tab (``broadcast``, else ``view``) and
-        keep ``view`` for a tab that opens or reloads before the reply lands (see
-        :meth:`_show_reply_in_progress`). Kept for ``WRITING_VIEW_SECONDS`` at most: it is
-        only ever shown while the session's reply mark says a reply is being written."""
-        await self._broadcast(view if broadcast is None else broadcast)
+    async def _keep_writing(self, view: str) -> None:
+        """Keep ``view`` (the writing bubble and the latest status) for a tab that opens or
+        reloads before the reply lands (:meth:`_show_reply_in_progress`). Kept for
+        ``WRITING_VIEW_SECONDS`` at most: it is only ever shown while the session's reply
+        mark says a reply is being written."""
         try:
             await redis_client().set(reply_view_key(self.session_id), view, ex=WRITING_VIEW_SECONDS)
         except Exception as exc:  # Redis away: only a reloading tab misses the bubble
